@@ -1,0 +1,105 @@
+"""The typed IR graph: what elaboration produces and every later stage (reference interpreter,
+back end, GPU baseline) consumes.
+
+An `IRGraph` wraps a networkx.DiGraph whose nodes are ints (in program order: a node's inputs
+have smaller ids) with one attribute, `n`: a `Node`. Edges go from each input to its user.
+
+Ops (the one list; `Node.attrs` keys in brackets):
+
+  leaves    input | weight | state  [name]          const [value: np.ndarray of `dtype`]
+  binary    add sub mul div maximum minimum          numpy broadcasting of the two inputs
+  unary     neg exp log sqrt rsqrt tanh sigmoid relu silu gelu abs
+  cast      [to] (same as dtype)
+  matmul    2-D [M,K]@[K,N], or a leading batch dim [B,M,K]@[B,K,N] (either side may lack B)
+  reduce    sum max mean  [axis] (non-negative), the axis kept with size 1
+  shape     transpose [perm]; reshape [shape]; slice [index]: a tuple, one entry per axis of the
+            input: (start, stop) keeps the axis, an int drops it; concat [axis] (n inputs)
+  masks     causal [offset] (-inf where column > row + offset, last two axes)
+            rope [pos, theta] (rotate-half form; rows are positions pos, pos+1, ...)
+  effects   store [name, index]: inputs (old state version, value); the node is the new state
+            version (shape of the whole state); index as for slice, bounds only (no ints)
+            output [name]: inputs (value,)
+
+Dtypes are the strings "i8", "i32", "f16", "f32" (and "bf16"). Promotion follows numpy on the
+two tensor dtypes, except that i8 @ i8 is i32, f16 @ f16 is f32, and an integer tensor with a
+float literal (a const of shape ()) is f32. Division of integers gives f32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+LEAVES = frozenset({"input", "weight", "state", "const"})
+BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
+UNARY = frozenset({"neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "silu", "gelu", "abs"})
+REDUCE = frozenset({"sum", "max", "mean"})
+SHAPE = frozenset({"transpose", "reshape", "slice", "concat"})
+OTHER = frozenset({"cast", "matmul", "causal", "rope", "store", "output"})
+ALL_OPS = LEAVES | BINARY | UNARY | REDUCE | SHAPE | OTHER
+
+ITEMSIZE = {"i8": 1, "i32": 4, "f16": 2, "f32": 4, "bf16": 2}
+
+
+@dataclass
+class Node:
+    id: int
+    op: str
+    inputs: tuple            # node ids, in operand order
+    shape: tuple
+    dtype: str
+    attrs: dict = field(default_factory=dict)
+    line: int = 0            # DSL source line (1-based), 0 for none
+    col: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * ITEMSIZE[self.dtype]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+class IRGraph:
+    """The program as a DAG. `decls` maps each declared name to its leaf node id (inputs,
+    weights, states); `outputs` maps output names to their `output` node ids; `final_states`
+    maps each state name to the id of its last version (its leaf if it is never stored)."""
+
+    def __init__(self, source_name: str = "<string>", source: str = ""):
+        self.g = nx.DiGraph()
+        self.source_name = source_name
+        self.source = source
+        self.decls: dict[str, int] = {}
+        self.outputs: dict[str, int] = {}
+        self.final_states: dict[str, int] = {}
+        self.params: dict[str, int] = {}
+
+    def add(self, op: str, inputs, shape, dtype: str, attrs=None, line: int = 0, col: int = 0) -> int:
+        assert op in ALL_OPS, op
+        nid = self.g.number_of_nodes()
+        node = Node(nid, op, tuple(inputs), tuple(int(s) for s in shape), dtype, dict(attrs or {}), line, col)
+        self.g.add_node(nid, n=node)
+        for i in node.inputs:
+            self.g.add_edge(i, nid)
+        return nid
+
+    def node(self, nid: int) -> Node:
+        return self.g.nodes[nid]["n"]
+
+    def nodes(self):
+        """All nodes in program order (inputs before users)."""
+        return [self.g.nodes[i]["n"] for i in sorted(self.g.nodes)]
+
+    def users(self, nid: int) -> list[int]:
+        return sorted(self.g.successors(nid))
+
+    def __len__(self):
+        return self.g.number_of_nodes()
+
+    def leaves(self, kind: str) -> list[Node]:
+        return [n for n in self.nodes() if n.op == kind]
+
+    def source_lines(self) -> list[str]:
+        return self.source.splitlines()

@@ -1,0 +1,225 @@
+"""The machine description: a frozen, validated `MachineConfig` loaded from a TOML file.
+
+Every size and latency the compiler and the emulator use comes from here. Derived layout:
+
+Floorplan of a superlane, west to east (positions on the east-west axis, one hop per cycle):
+
+    pos 0        MXM west (planes 0 .. Pw-1)
+    pos 1        SXM west (hemisphere 0)
+    pos 2 ..     MEM slices 0 .. N-1 (west hemisphere)
+    pos 2+N      VXM
+    pos 3+N ..   MEM slices N .. 2N-1 (east hemisphere)
+    pos 3+2N     SXM east (hemisphere 1)
+    pos 4+2N     MXM east (planes Pw .. 2Pw-1)
+
+Instruction queues (the ICU's), in this order: one ICU queue, two per MEM slice (ports 0 and 1;
+each may address either bank), one per VXM ALU, per MXM plane `lw_ports` LW queues + one
+compute queue (IW, ABC) + one ACC queue, and `sxm_queues` per SXM.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+
+from isa.errors import ConfigError
+
+MACHINES_DIR = os.path.join(os.path.dirname(__file__), "machines")
+
+# unit kinds (plain ints: they go into Numba code)
+UNIT_ICU, UNIT_MEM, UNIT_VXM, UNIT_MXM, UNIT_SXM = 0, 1, 2, 3, 4
+UNIT_NAMES = ("icu", "mem", "vxm", "mxm", "sxm")
+# MXM queue roles
+MXM_LW, MXM_CTL, MXM_ACC = 0, 1, 2
+
+EAST, WEST = 0, 1
+
+LATENCY_KEYS = ("mem_read", "vxm", "vxm_transcendental", "sxm", "mxm_abc", "mxm_acc")
+INT_FIELDS = (
+    "clock_mhz", "superlanes", "lanes_per_superlane", "mem_slices_per_hemisphere",
+    "banks_per_slice", "addresses_per_bank", "streams_per_direction",
+    "mxm_planes_per_hemisphere", "lw_ports_per_plane", "acc_rows", "f16_pair_cycles",
+    "vxm_alus", "sxm_queues_per_hemisphere", "icu_skew",
+)
+
+
+@dataclass(frozen=True)
+class MachineConfig:
+    name: str
+    clock_mhz: int
+    superlanes: int
+    lanes_per_superlane: int
+    mem_slices_per_hemisphere: int
+    banks_per_slice: int
+    addresses_per_bank: int
+    streams_per_direction: int
+    mxm_planes_per_hemisphere: int
+    lw_ports_per_plane: int
+    acc_rows: int
+    f16_pair_cycles: int
+    vxm_alus: int
+    sxm_queues_per_hemisphere: int
+    icu_skew: int
+    latency: dict = field(hash=False, compare=True)
+    c2c: dict = field(hash=False, compare=True, default_factory=dict)
+    source: str = field(default="", compare=False)
+
+    # ---- loading -------------------------------------------------------------------------
+    @classmethod
+    def load(cls, name_or_path: str = "tsp-v1") -> "MachineConfig":
+        """Load by name (a file stem in isa/machines/) or by path to a TOML file."""
+        path = name_or_path
+        if not (path.endswith(".toml") or os.sep in path or os.path.exists(path)):
+            path = os.path.join(MACHINES_DIR, name_or_path + ".toml")
+            if not os.path.exists(path):
+                known = ", ".join(sorted(f[:-5] for f in os.listdir(MACHINES_DIR) if f.endswith(".toml")))
+                raise ConfigError(f"unknown machine '{name_or_path}' (known: {known}; or give a path to a .toml file)")
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such machine file") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        return cls.from_dict(data, source=path)
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "<dict>") -> "MachineConfig":
+        where = source
+        if not isinstance(data.get("name"), str) or not data.get("name"):
+            raise ConfigError(f"{where}: field 'name' is missing or not a string")
+        vals = {"name": data["name"], "source": source}
+        for k in INT_FIELDS:
+            if k not in data:
+                raise ConfigError(f"{where}: field '{k}' is missing")
+            v = data[k]
+            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "icu_skew" else 1):
+                raise ConfigError(f"{where}: field '{k}' must be a positive integer, got {v!r}")
+            vals[k] = v
+        lat = data.get("latency")
+        if not isinstance(lat, dict):
+            raise ConfigError(f"{where}: table [latency] is missing")
+        for k in LATENCY_KEYS:
+            v = lat.get(k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{where}: field 'latency.{k}' must be an integer >= 1, got {v!r}")
+        vals["latency"] = {k: lat[k] for k in LATENCY_KEYS}
+        vals["c2c"] = dict(data.get("c2c", {}))
+        unknown = set(data) - set(INT_FIELDS) - {"name", "latency", "c2c"}
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        cfg = cls(**vals)
+        cfg._validate()
+        return cfg
+
+    def _validate(self):
+        w = self.source
+        if self.lanes > 4096:
+            raise ConfigError(f"{w}: lanes ({self.lanes}) must be at most 4096")
+        if self.streams_per_direction < 4:
+            raise ConfigError(f"{w}: field 'streams_per_direction' must be at least 4 (one f32 value)")
+        if self.streams_per_direction > 64:
+            raise ConfigError(f"{w}: field 'streams_per_direction' must be at most 64")
+        if self.mxm_planes_per_hemisphere % 2:
+            raise ConfigError(f"{w}: field 'mxm_planes_per_hemisphere' must be even (f16 uses plane pairs)")
+        if self.acc_rows < 1 or self.lw_ports_per_plane > self.lanes:
+            raise ConfigError(f"{w}: field 'lw_ports_per_plane' must be at most the lane count")
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+        return d
+
+    # ---- derived sizes ---------------------------------------------------------------------
+    @property
+    def lanes(self) -> int:
+        return self.superlanes * self.lanes_per_superlane
+
+    @property
+    def mem_slices(self) -> int:
+        return 2 * self.mem_slices_per_hemisphere
+
+    @property
+    def mxm_planes(self) -> int:
+        return 2 * self.mxm_planes_per_hemisphere
+
+    @property
+    def sram_bytes(self) -> int:
+        return self.mem_slices * self.banks_per_slice * self.addresses_per_bank * self.lanes
+
+    @property
+    def n_positions(self) -> int:
+        return 2 * self.mem_slices_per_hemisphere + 5
+
+    @property
+    def vxm_pos(self) -> int:
+        return 2 + self.mem_slices_per_hemisphere
+
+    def slice_pos(self, s: int) -> int:
+        n = self.mem_slices_per_hemisphere
+        return 2 + s if s < n else 3 + s
+
+    def slice_hemisphere(self, s: int) -> int:
+        return 0 if s < self.mem_slices_per_hemisphere else 1
+
+    def mxm_pos(self, plane: int) -> int:
+        return 0 if plane < self.mxm_planes_per_hemisphere else self.n_positions - 1
+
+    def sxm_pos(self, hemi: int) -> int:
+        return 1 if hemi == 0 else self.n_positions - 2
+
+    def sec_per_cycle(self) -> float:
+        return 1e-6 / self.clock_mhz
+
+    # ---- queues ------------------------------------------------------------------------
+    @cached_property
+    def queues(self) -> tuple:
+        """Tuple of (name, unit kind, unit index, role, position) for every instruction queue."""
+        q = [("icu", UNIT_ICU, 0, 0, 0)]
+        for s in range(self.mem_slices):
+            for port in range(2):
+                q.append((f"mem{s}.{port}", UNIT_MEM, s, port, self.slice_pos(s)))
+        for a in range(self.vxm_alus):
+            q.append((f"vxm{a}", UNIT_VXM, a, 0, self.vxm_pos))
+        for p in range(self.mxm_planes):
+            pos = self.mxm_pos(p)
+            for i in range(self.lw_ports_per_plane):
+                q.append((f"mxm{p}.lw{i}", UNIT_MXM, p, MXM_LW, pos))
+            q.append((f"mxm{p}", UNIT_MXM, p, MXM_CTL, pos))
+            q.append((f"mxm{p}.acc", UNIT_MXM, p, MXM_ACC, pos))
+        for h in range(2):
+            for i in range(self.sxm_queues_per_hemisphere):
+                q.append((f"sxm{h}.{i}", UNIT_SXM, h, i, self.sxm_pos(h)))
+        return tuple(q)
+
+    @cached_property
+    def queue_index(self) -> dict:
+        return {q[0]: i for i, q in enumerate(self.queues)}
+
+    def mem_queue(self, s: int, port: int) -> int:
+        return 1 + 2 * s + port
+
+    def vxm_queue(self, alu: int) -> int:
+        return 1 + 2 * self.mem_slices + alu
+
+    def mxm_queue(self, plane: int, role: int, port: int = 0) -> int:
+        base = 1 + 2 * self.mem_slices + self.vxm_alus + plane * (self.lw_ports_per_plane + 2)
+        if role == MXM_LW:
+            return base + port
+        return base + self.lw_ports_per_plane + (0 if role == MXM_CTL else 1)
+
+    def sxm_queue(self, hemi: int, i: int) -> int:
+        return (1 + 2 * self.mem_slices + self.vxm_alus
+                + self.mxm_planes * (self.lw_ports_per_plane + 2) + hemi * self.sxm_queues_per_hemisphere + i)
+
+    # ---- published peak rates, derived (used by reports and benchmarks) ---------------------
+    def macs_per_cycle(self, dtype: str) -> int:
+        if dtype == "i8":
+            return self.mxm_planes * self.lanes * self.lanes
+        return (self.mxm_planes // 2) * self.lanes * self.lanes // self.f16_pair_cycles
+
+    def stream_bytes_per_cycle(self) -> int:
+        return 2 * self.streams_per_direction * self.lanes
+
+    def sram_bytes_per_cycle(self) -> int:
+        return self.mem_slices * self.banks_per_slice * self.lanes

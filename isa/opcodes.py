@@ -1,0 +1,153 @@
+"""The one opcode table. Encoder, decoder, assembler, disassembler, emulator dispatch, the
+scheduler's resource model and the checker all derive from it.
+
+An instruction is (queue, opcode, args[NARGS]) plus its DSL source line and IR node. The unit
+(MEM slice, VXM ALU, MXM plane, SXM hemisphere) is the queue's; args hold the rest, as plain
+ints. Field kinds:
+
+    int     a signed integer
+    ref     a stream operand: dtype * 256 + dir * 64 + stream   (asm: `f16:E3`, or `E3` for raw
+            bytes); a value of a w-byte dtype occupies streams stream .. stream+w-1 (byte plane b,
+            little-endian, on stream+b), all on the same diagonal
+    dtype   a dtype code (DTYPES)
+    f32     32-bit pattern of an immediate (float32 bits when the op computes in f32, else int32)
+
+Timing (all latencies are config values, `isa/machines/*.toml` [latency]): an instruction issued
+at cycle t reads its stream operands at its unit's position in cycle t, and puts its result on a
+stream at its position in cycle t + latency. A value on an eastward stream at position p in
+cycle c is at p+1 in cycle c+1 (westward: p-1); it keeps the diagonal k = c - p (east) or
+c + p (west). One value per (direction, stream, diagonal); a reader takes it only if its writer
+is at or upstream of the reader.
+
+Within one cycle, phase-0 instructions (those that read unit state) act before phase-1
+instructions (those that write it): IW sees the LWs of earlier cycles, TPOUT the TPINs of
+earlier cycles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
+
+NARGS = 6
+
+# dtype codes and widths in bytes (= stream planes / MEM slices a value occupies)
+DTYPES = ("i8", "f16", "i32", "f32", "bf16")
+DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
+DTYPE_WIDTH = (1, 2, 4, 4, 2)
+DT_I8, DT_F16, DT_I32, DT_F32, DT_BF16 = range(5)
+FLOAT_DTYPES = (DT_F16, DT_F32, DT_BF16)
+
+
+def dtype_width(dt: str | int) -> int:
+    return DTYPE_WIDTH[dt if isinstance(dt, int) else DTYPE_CODE[dt]]
+
+
+def make_ref(dtype: int, direction: int, stream: int) -> int:
+    return dtype * 256 + direction * 64 + stream
+
+
+def split_ref(ref: int) -> tuple[int, int, int]:
+    return ref // 256, (ref // 64) % 4, ref % 64
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    code: int
+    name: str
+    unit: int          # UNIT_* of the queue it must be issued on
+    fields: tuple      # ((field name, kind), ...) in args order
+    latency: str       # key into MachineConfig.latency, or "" for none
+    phase: int         # 0: reads unit state, 1: writes it (order within a cycle)
+    role: int = -1     # for MXM: which queue role it runs on (machine.MXM_*); -1 any
+    doc: str = ""
+
+    def field_index(self, name: str) -> int:
+        for i, (n, _) in enumerate(self.fields):
+            if n == name:
+                return i
+        raise KeyError(name)
+
+
+_TABLE = []
+
+
+def _op(name, unit, fields, latency="", phase=1, role=-1, doc=""):
+    spec = OpSpec(len(_TABLE), name, unit, tuple(fields), latency, phase, role, doc)
+    _TABLE.append(spec)
+    return spec.code
+
+
+I, R, T, F = "int", "ref", "dtype", "f32"
+# --- ICU (any queue) ---------------------------------------------------------------------------
+NOP = _op("NOP", UNIT_ICU, [("n", I)], doc="the queue idles n cycles")
+REPEAT = _op("REPEAT", UNIT_ICU, [("n", I), ("d", I)],
+             doc="issue the previous instruction n more times, d cycles apart, its addr/row/acc field +1 each time")
+SYNC = _op("SYNC", UNIT_ICU, [], doc="first instruction of a queue: wait for NOTIFY (all queues start at cycle 0)")
+NOTIFY = _op("NOTIFY", UNIT_ICU, [], doc="release every queue waiting in SYNC")
+# --- MEM (queue of a slice; either port may address either bank) ------------------------------
+READ = _op("READ", UNIT_MEM, [("bank", I), ("addr", I), ("out", R)], "mem_read", 0,
+           doc="put mem[slice, bank, addr] (one byte plane) on stream out")
+WRITE = _op("WRITE", UNIT_MEM, [("bank", I), ("addr", I), ("inp", R)], "", 1,
+            doc="mem[slice, bank, addr] = the byte plane on stream inp")
+GATHER = _op("GATHER", UNIT_MEM, [("bank", I), ("addr", I), ("idx", R), ("out", R)], "mem_read", 0,
+             doc="out[l] = mem[slice, bank, addr + idx[l], l] (idx: one unsigned byte plane)")
+SCATTER = _op("SCATTER", UNIT_MEM, [("bank", I), ("addr", I), ("idx", R), ("inp", R)], "", 1,
+              doc="mem[slice, bank, addr + idx[l], l] = inp[l]")
+# --- MXM (queues of a plane; f16 uses the even plane of a pair) -----------------------------
+LW = _op("LW", UNIT_MXM, [("row", I), ("inp", R)], "", 1, role=0,
+         doc="load weight buffer row from stream inp (i8, or f16 on an even plane)")
+IW = _op("IW", UNIT_MXM, [("dtype", T), ("trans", I)], "", 0, role=1,
+         doc="install the weight buffer (transposed if trans) as the plane's weights")
+ABC = _op("ABC", UNIT_MXM, [("inp", R), ("acc", I), ("accum", I)], "mxm_abc", 1, role=1,
+          doc="acc[acc] (+)= inp @ weights: f64 dot rounded to f32 once (f16), or exact i32 (i8)")
+ACC = _op("ACC", UNIT_MXM, [("acc", I), ("out", R)], "mxm_acc", 0, role=2,
+          doc="put accumulator row acc (f32 or i32) on stream out")
+# --- VXM (queue of an ALU); compute in f32 if any operand or the result is a float, else i32;
+#     lanes >= nv of the result are 0 -------------------------------------------------------
+_BIN = [("a", R), ("b", R), ("out", R), ("nv", I), ("imm", F), ("bimm", I)]
+_UN = [("a", R), ("out", R), ("nv", I)]
+VXM_BINARY = {}
+for _n in ("ADD", "SUB", "MUL", "DIV", "MAX", "MIN"):
+    VXM_BINARY[_n] = _op(_n, UNIT_VXM, _BIN, "vxm_transcendental" if _n == "DIV" else "vxm",
+                         doc="out = a op b; bimm=1: b is imm, bimm=2: a is imm")
+VXM_UNARY = {}
+for _n in ("NEG", "ABS", "RELU", "CONV", "EXP", "LOG", "SQRT", "RSQRT", "TANH", "SIGMOID", "SILU", "GELU"):
+    VXM_UNARY[_n] = _op(_n, UNIT_VXM, _UN,
+                        "vxm" if _n in ("NEG", "ABS", "RELU", "CONV") else "vxm_transcendental",
+                        doc="out = f(a) (CONV: conversion only; GELU: tanh form)")
+MASK = _op("MASK", UNIT_VXM, [("a", R), ("out", R), ("nv", I), ("cut", I), ("imm", F)], "vxm",
+           doc="out[l] = a[l] for l < cut, imm for cut <= l < nv, 0 for l >= nv")
+# --- SXM (queues of a hemisphere's SXM); byte-plane-wise, out has inp's dtype --------------
+SHIFT = _op("SHIFT", UNIT_SXM, [("inp", R), ("out", R), ("k", I)], "sxm",
+            doc="out[l] = inp[l - k], 0 outside")
+ROTATE = _op("ROTATE", UNIT_SXM, [("inp", R), ("out", R), ("k", I)], "sxm",
+             doc="out[l] = inp[(l - k) mod lanes]")
+PERMUTE = _op("PERMUTE", UNIT_SXM, [("inp", R), ("out", R), ("table", I)], "sxm",
+              doc="out[l] = inp[tables[table][l]], 0 where the entry is negative")
+DISTRIBUTE = _op("DISTRIBUTE", UNIT_SXM, [("inp", R), ("out", R), ("lane", I)], "sxm",
+                 doc="out[l] = inp[lane]")
+TPIN = _op("TPIN", UNIT_SXM, [("inp", R), ("buf", I), ("row", I)], "", 1,
+           doc="transpose buffer buf+b row = byte plane b of inp")
+TPOUT = _op("TPOUT", UNIT_SXM, [("buf", I), ("col", I), ("out", R)], "sxm", 0,
+            doc="byte plane b of out = column col of transpose buffer buf+b")
+
+OPS: tuple[OpSpec, ...] = tuple(_TABLE)
+BY_NAME = {s.name: s for s in OPS}
+TRANSCENDENTAL = frozenset(s.code for s in OPS if s.latency == "vxm_transcendental")
+SXM_TRANSPOSE_BUFFERS = 4   # one per byte plane of the widest dtype
+
+# which field of an op is bumped by REPEAT (address, row or accumulator), -1 none
+REPEAT_FIELD = tuple(
+    next((i for i, (n, _) in enumerate(s.fields) if n in ("addr", "row", "acc")), -1) for s in OPS
+)
+
+
+def latency_of(op: int, machine) -> int:
+    key = OPS[op].latency
+    return machine.latency[key] if key else 0
+
+
+def latency_table(machine):
+    """Latency per opcode, as a list of ints (for Numba code and the scheduler)."""
+    return [latency_of(op, machine) for op in range(len(OPS))]
