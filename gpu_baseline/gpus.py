@@ -1,0 +1,96 @@
+"""GPU descriptions for the analytical baseline: a frozen, validated `GpuConfig` loaded from a
+TOML file in gpu_baseline/gpus/ (or any path). Every number in those files carries its source in
+a comment; the cost model (model.py) reads nothing else.
+
+Units: bandwidths in GB/s (1e9 B/s), peaks in TFLOPS (1e12 flop/s), latencies in us,
+capacities in MB (1e6 B)."""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields
+
+from isa.errors import ConfigError
+
+GPUS_DIR = os.path.join(os.path.dirname(__file__), "gpus")
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    name: str
+    hbm_gbs: float            # HBM bandwidth, datasheet
+    hbm_latency_us: float     # DRAM load-to-use latency (microbenchmarks)
+    l2_mb: float              # L2 capacity
+    l2_gbs: float             # L2 bandwidth (microbenchmarks)
+    sm_count: int             # streaming multiprocessors
+    tensor_f16_tflops: float  # dense f16/bf16 tensor-core peak (f32 accumulate)
+    tensor_i8_tops: float     # dense i8 tensor-core peak
+    cuda_f32_tflops: float    # CUDA-core (non-tensor) f32 peak
+    launch_stream_us: float   # per-kernel overhead, plain stream launches
+    launch_graph_us: float    # per-kernel overhead inside a CUDA graph
+    hbm_efficiency: float     # achievable fraction of hbm_gbs by streaming kernels
+    tensor_efficiency: float  # achievable fraction of the tensor peaks by cuBLAS-class GEMMs
+    cuda_efficiency: float    # achievable fraction of cuda_f32_tflops by elementwise kernels
+    gemm_tile_m: int          # output tile of one thread block (wave quantization)
+    gemm_tile_n: int
+    source: str = ""
+
+    @property
+    def l2_bytes(self) -> float:
+        return self.l2_mb * 1e6
+
+    def launch_us(self, mode: str) -> float:
+        if mode == "stream":
+            return self.launch_stream_us
+        if mode == "graph":
+            return self.launch_graph_us
+        raise ConfigError(f"launch mode must be 'stream' or 'graph', got {mode!r}")
+
+
+_FLOAT_FIELDS = tuple(f.name for f in fields(GpuConfig) if f.type == "float")
+_INT_FIELDS = tuple(f.name for f in fields(GpuConfig) if f.type == "int")
+_FRACTIONS = ("hbm_efficiency", "tensor_efficiency", "cuda_efficiency")
+
+
+def known_gpus() -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(GPUS_DIR) if f.endswith(".toml"))
+
+
+def load_gpu(name_or_path: str = "a100-80gb") -> GpuConfig:
+    """Load by name (a file stem in gpu_baseline/gpus/) or by path to a TOML file."""
+    path = name_or_path
+    if not (path.endswith(".toml") or os.sep in path):
+        path = os.path.join(GPUS_DIR, name_or_path + ".toml")
+        if not os.path.exists(path):
+            raise ConfigError(f"unknown GPU '{name_or_path}' (known: {', '.join(known_gpus())}; "
+                              "or give a path to a .toml file)")
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such GPU file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    return gpu_from_dict(data, source=path)
+
+
+def gpu_from_dict(data: dict, source: str = "<dict>") -> GpuConfig:
+    if not isinstance(data.get("name"), str) or not data["name"]:
+        raise ConfigError(f"{source}: field 'name' is missing or not a string")
+    vals = {"name": data["name"], "source": source}
+    for k in _FLOAT_FIELDS + _INT_FIELDS:
+        if k not in data:
+            raise ConfigError(f"{source}: field '{k}' is missing")
+        v = data[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (k in _INT_FIELDS and not isinstance(v, int)):
+            kind = "an integer" if k in _INT_FIELDS else "a number"
+            raise ConfigError(f"{source}: field '{k}' must be {kind}, got {v!r}")
+        if not v > 0:
+            raise ConfigError(f"{source}: field '{k}' must be positive, got {v!r}")
+        if k in _FRACTIONS and v > 1:
+            raise ConfigError(f"{source}: field '{k}' is a fraction and must be at most 1, got {v!r}")
+        vals[k] = float(v) if k in _FLOAT_FIELDS else v
+    unknown = set(data) - set(vals) - {"name"}
+    if unknown:
+        raise ConfigError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}")
+    return GpuConfig(**vals)
