@@ -1,0 +1,285 @@
+"""Tensor operations of the language with their shape and dtype rules: the operators, the
+builtin functions, and folding of compile-time scalars. Each takes the elaborator `el`
+(for `el.node`, `el.shape`, `el.dtype`, `el.error`) and the AST node `at` that positions
+the ops it adds and the errors it raises."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler import semantics as S
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A value computed at run time: the id of the IR node that produces it."""
+    id: int
+
+
+def describe(v) -> str:
+    if isinstance(v, Tensor):
+        return "a tensor"
+    if isinstance(v, list):
+        return "a list"
+    return "a float" if isinstance(v, float) else "an integer"
+
+
+def fmt(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+# ---- compile-time scalars ----------------------------------------------------------------
+
+def fold_binary(el, op: str, a, b, at):
+    if op == "%":
+        if not (isinstance(a, int) and isinstance(b, int)):
+            el.error(at, "`%` works only on compile-time integers")
+        if b == 0:
+            el.error(at, "integer modulo by zero")
+        return a % b
+    if op == "/":
+        if b == 0:
+            el.error(at, "division by zero")
+        if isinstance(a, int) and isinstance(b, int):
+            if a % b:
+                el.error(at, f"integer division is not exact: {a} / {b} leaves remainder {a % b}",
+                         "compile-time integers divide exactly; use a float literal (1.0 * x) for a fraction")
+            return a // b
+        return float(a) / float(b)
+    if op == "@":
+        el.error(at, "`@` needs tensors, got compile-time numbers")
+    return {"+": a + b, "-": a - b, "*": a * b}[op]
+
+
+SCALAR_FN = {
+    "exp": math.exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1.0 / math.sqrt(x),
+    "tanh": math.tanh, "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)),
+    "silu": lambda x: x / (1.0 + math.exp(-x)), "abs": abs, "relu": lambda x: max(x, 0),
+    "gelu": lambda x: 0.5 * x * (1 + math.tanh(0.7978845608 * (x + 0.044715 * x ** 3))),
+}
+
+
+def fold_unary(el, op: str, x, at):
+    try:
+        r = SCALAR_FN[op](x)
+    except (ValueError, ZeroDivisionError, OverflowError):
+        el.error(at, f"`{op}({x})` is undefined")
+    return r if op in ("abs", "relu") else float(r)
+
+
+def fold_cast(to: str, x):
+    if S.is_float(to):
+        return float(S.convert(np.array(x, dtype=np.float64), to))
+    return int(S.convert(np.array(x, dtype=np.float64), to))
+
+
+# ---- tensor ops --------------------------------------------------------------------------
+
+def const(el, value, dtype: str, at) -> Tensor:
+    if not S.is_float(dtype) and not -2**31 <= value < 2**31:
+        el.error(at, f"integer literal {value} does not fit i32")
+    return el.node("const", [], (), dtype, {"value": np.array(value, dtype=S.NP_DTYPE[dtype])}, at)
+
+
+BINOP = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
+
+
+def binary(el, op: str, a, b, at, name: str | None = None):
+    """`a op b` where at least one side is a tensor; op is an IR op (add sub mul div maximum minimum)."""
+    shown = name or {v: k for k, v in BINOP.items()}.get(op, op)
+    for v in (a, b):
+        if isinstance(v, list):
+            el.error(at, f"`{shown}` got a list: lists exist only at compile time (use concat)")
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        t, s = (a, b) if isinstance(a, Tensor) else (b, a)
+        dtype = S.promote_weak(el.dtype(t), isinstance(s, float))
+        if op == "div" and not S.is_float(dtype):
+            dtype = "f32"
+        c = const(el, s, "f32" if isinstance(s, float) or S.is_float(el.dtype(t)) else "i32", at)
+        a, b = (t, c) if isinstance(a, Tensor) else (c, t)
+        return el.node(op, [a.id, b.id], el.shape(t), dtype, {}, at)
+    try:
+        shape = np.broadcast_shapes(el.shape(a), el.shape(b))
+    except ValueError:
+        el.error(at, f"shape mismatch in `{shown}`: {fmt(el.shape(a))} and {fmt(el.shape(b))} do not broadcast")
+    return el.node(op, [a.id, b.id], shape, S.binary_result(op, el.dtype(a), el.dtype(b)), {}, at)
+
+
+def matmul(el, a, b, at):
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+        el.error(at, f"`@` needs two tensors, got {describe(a)} and {describe(b)}")
+    sa, sb = el.shape(a), el.shape(b)
+    if len(sa) not in (2, 3) or len(sb) not in (2, 3):
+        el.error(at, f"`@` takes 2-D or 3-D tensors, got {fmt(sa)} @ {fmt(sb)}")
+    if sa[-1] != sb[-2]:
+        el.error(at, f"shape mismatch in `@`: {fmt(sa)} @ {fmt(sb)} (inner dimensions {sa[-1]} and {sb[-2]} differ)")
+    if len(sa) == 3 and len(sb) == 3 and sa[0] != sb[0]:
+        el.error(at, f"shape mismatch in `@`: {fmt(sa)} @ {fmt(sb)} (batch dimensions differ)")
+    da, db = el.dtype(a), el.dtype(b)
+    dtype = S.matmul_result(da, db)
+    if dtype is None:
+        el.error(at, f"matmul takes i8 or float operands, got {da} @ {db}",
+                 "cast both sides to f16, or both to i8")
+    batch = sa[:-2] or sb[:-2]
+    return el.node("matmul", [a.id, b.id], (*batch, sa[-2], sb[-1]), dtype, {}, at)
+
+
+def unary(el, op: str, x, at):
+    if isinstance(x, (int, float)) and op != "neg":
+        return fold_unary(el, op, x, at)
+    x = tensor_arg(el, x, op, at)
+    return el.node(op, [x.id], el.shape(x), S.unary_result(op, el.dtype(x)), {}, at)
+
+
+def tensor_arg(el, v, fn: str, at) -> Tensor:
+    if not isinstance(v, Tensor):
+        el.error(at, f"`{fn}` needs a tensor, got {describe(v)}")
+    return v
+
+
+def int_arg(el, v, what: str, at) -> int:
+    if not isinstance(v, int):
+        el.error(at, f"{what} must be a compile-time integer, got {describe(v)}")
+    return v
+
+
+def axis_arg(el, v, rank: int, at) -> int:
+    a = int_arg(el, v, "axis", at)
+    if not -rank <= a < rank:
+        el.error(at, f"axis {a} is out of range for a tensor of rank {rank}")
+    return a % rank
+
+
+def transpose(el, x, perm, at):
+    if sorted(perm) != list(range(len(el.shape(x)))):
+        el.error(at, f"{perm} is not a permutation of the axes of a {fmt(el.shape(x))} tensor")
+    shape = tuple(el.shape(x)[p] for p in perm)
+    return el.node("transpose", [x.id], shape, el.dtype(x), {"perm": tuple(perm)}, at)
+
+
+def cast(el, to: str, x, at):
+    if isinstance(x, (int, float)):
+        return fold_cast(to, x)
+    x = tensor_arg(el, x, to, at)
+    if el.dtype(x) == to:
+        return x
+    return el.node("cast", [x.id], el.shape(x), to, {"to": to}, at)
+
+
+# ---- builtin functions: name -> (parameters, handler(el, args, at)) ----------------------
+
+def _reduce(op):
+    def run(el, a, at):
+        x = tensor_arg(el, a["x"], op, at)
+        axis = axis_arg(el, a["axis"], len(el.shape(x)), at)
+        shape = tuple(1 if i == axis else s for i, s in enumerate(el.shape(x)))
+        return el.node(op, [x.id], shape, S.reduce_result(op, el.dtype(x)), {"axis": axis}, at)
+    return [("x", REQUIRED), ("axis", -1)], run
+
+
+def _binary_fn(op):
+    def run(el, a, at):
+        x, y = a["a"], a["b"]
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+            return max(x, y) if op == "maximum" else min(x, y)
+        return binary(el, op, x, y, at, op)
+    return [("a", REQUIRED), ("b", REQUIRED)], run
+
+
+def _unary_fn(op):
+    return [("x", REQUIRED)], lambda el, a, at: unary(el, op, a["x"], at)
+
+
+def _cast_fn(to):
+    return [("x", REQUIRED)], lambda el, a, at: cast(el, to, a["x"], at)
+
+
+def _int_list(el, v, what, at) -> list[int]:
+    if not isinstance(v, list) or not all(isinstance(i, int) for i in v):
+        el.error(at, f"{what} must be a list of compile-time integers, like [1, 0]")
+    return v
+
+
+def _transpose(el, a, at):
+    x = tensor_arg(el, a["x"], "transpose", at)
+    perm = [p % len(el.shape(x)) if -len(el.shape(x)) <= p < 0 else p
+            for p in _int_list(el, a["perm"], "the permutation", at)]
+    return transpose(el, x, perm, at)
+
+
+def _reshape(el, a, at):
+    x = tensor_arg(el, a["x"], "reshape", at)
+    dims = _int_list(el, a["shape"], "the shape", at)
+    size = int(np.prod(el.shape(x), dtype=np.int64))
+    if dims.count(-1) == 1:
+        rest = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+        if rest > 0 and size % rest == 0:
+            dims = [size // rest if d == -1 else d for d in dims]
+    if any(d <= 0 for d in dims) or int(np.prod(dims, dtype=np.int64)) != size:
+        el.error(at, f"cannot reshape {fmt(el.shape(x))} ({size} elements) to {fmt(dims)}")
+    return el.node("reshape", [x.id], tuple(dims), el.dtype(x), {"shape": tuple(dims)}, at)
+
+
+def _concat(el, a, at):
+    xs = a["xs"]
+    if not isinstance(xs, list) or not xs or not all(isinstance(x, Tensor) for x in xs):
+        el.error(at, "`concat` needs a non-empty list of tensors, like [f(i) for i in 0..H]")
+    rank = len(el.shape(xs[0]))
+    axis = axis_arg(el, a["axis"], rank, at)
+    for x in xs[1:]:
+        s0, s = el.shape(xs[0]), el.shape(x)
+        if len(s) != rank or any(p != q for i, (p, q) in enumerate(zip(s0, s)) if i != axis):
+            el.error(at, f"shape mismatch in `concat` along axis {axis}: {fmt(s0)} and {fmt(s)}")
+    dtype = el.dtype(xs[0])
+    for x in xs[1:]:
+        dtype = S.promote(dtype, el.dtype(x))
+    xs = [cast(el, dtype, x, at) for x in xs]
+    shape = list(el.shape(xs[0]))
+    shape[axis] = sum(el.shape(x)[axis] for x in xs)
+    if len(xs) == 1:
+        return xs[0]
+    return el.node("concat", [x.id for x in xs], shape, dtype, {"axis": axis}, at)
+
+
+def _float_tensor(el, v, fn, at) -> Tensor:
+    x = tensor_arg(el, v, fn, at)
+    if len(el.shape(x)) < 2:
+        el.error(at, f"`{fn}` needs a tensor of rank 2 or more, got {fmt(el.shape(x))}")
+    if not S.is_float(el.dtype(x)):
+        el.error(at, f"`{fn}` needs a float tensor, got {el.dtype(x)}", "cast it first: f16(...)")
+    return x
+
+
+def _causal(el, a, at):
+    x = _float_tensor(el, a["x"], "causal", at)
+    offset = int_arg(el, a["offset"], "the offset", at)
+    return el.node("causal", [x.id], el.shape(x), el.dtype(x), {"offset": offset}, at)
+
+
+def _rope(el, a, at):
+    x = _float_tensor(el, a["x"], "rope", at)
+    pos = int_arg(el, a["pos"], "the position", at)
+    theta = a["theta"]
+    if isinstance(theta, list | Tensor):
+        el.error(at, f"theta must be a compile-time number, got {describe(theta)}")
+    if el.shape(x)[-1] % 2:
+        el.error(at, f"`rope` needs an even last dimension, got {fmt(el.shape(x))}")
+    return el.node("rope", [x.id], el.shape(x), el.dtype(x), {"pos": pos, "theta": float(theta)}, at)
+
+
+BUILTINS = {
+    **{op: _unary_fn(op) for op in ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu",
+                                    "silu", "gelu", "abs")},
+    **{op: _binary_fn(op) for op in ("maximum", "minimum")},
+    **{op: _reduce(op) for op in ("sum", "max", "mean")},
+    **{dt: _cast_fn(dt) for dt in S.DTYPES},
+    "transpose": ([("x", REQUIRED), ("perm", REQUIRED)], _transpose),
+    "reshape": ([("x", REQUIRED), ("shape", REQUIRED)], _reshape),
+    "concat": ([("xs", REQUIRED), ("axis", 0)], _concat),
+    "causal": ([("x", REQUIRED), ("offset", 0)], _causal),
+    "rope": ([("x", REQUIRED), ("pos", REQUIRED), ("theta", 10000.0)], _rope),
+}

@@ -1,0 +1,111 @@
+"""The numpy reference interpreter: evaluates every node of an IR graph with the rules of
+compiler/semantics.py, giving the golden outputs and final states the emulator is compared with."""
+from __future__ import annotations
+
+import numpy as np
+
+from compiler import semantics as S
+from compiler.ir import BINARY, REDUCE, UNARY, IRGraph, Node
+from isa.errors import LpuError
+
+
+def _check_values(graph: IRGraph, values: dict) -> dict[int, np.ndarray]:
+    env = {}
+    for name, nid in graph.decls.items():
+        n = graph.node(nid)
+        if name not in values:
+            raise LpuError(f"no value given for {n.op} `{name}` ({n.dtype}{list(n.shape)})")
+        v = np.asarray(values[name])
+        if v.shape != n.shape:
+            raise LpuError(f"value for `{name}` has shape {list(v.shape)}, the program declares {list(n.shape)}")
+        env[nid] = S.convert(v, n.dtype)
+    return env
+
+
+def _region(index) -> tuple:
+    return tuple(slice(a, b) for a, b in index)
+
+
+def _eval(n: Node, xs: list[np.ndarray], k_tile: int) -> np.ndarray:
+    op, a = n.op, n.attrs
+    if op == "const":
+        return a["value"]
+    if op in UNARY:
+        return S.unary(op, xs[0], n.dtype)
+    if op in BINARY:
+        return S.binary(op, xs[0], xs[1], n.dtype)
+    if op in REDUCE:
+        return S.reduce(op, xs[0], a["axis"], n.dtype)
+    if op == "cast":
+        return S.convert(xs[0], n.dtype)
+    if op == "matmul":
+        return S.matmul(xs[0], xs[1], n.dtype, k_tile)
+    if op == "transpose":
+        return np.transpose(xs[0], a["perm"])
+    if op == "reshape":
+        return xs[0].reshape(a["shape"])
+    if op == "slice":
+        return xs[0][tuple(i if isinstance(i, int) else slice(*i) for i in a["index"])]
+    if op == "concat":
+        return np.concatenate(xs, axis=a["axis"])
+    if op == "causal":
+        return S.causal(xs[0], a["offset"])
+    if op == "rope":
+        return S.rope(xs[0], a["pos"], a["theta"], n.dtype)
+    if op == "store":
+        out = xs[0].copy()
+        out[_region(a["index"])] = S.convert(xs[1], n.dtype)
+        return out
+    if op == "output":
+        return xs[0]
+    raise AssertionError(f"no reference semantics for op {op}")
+
+
+def run_reference(graph: IRGraph, values: dict, k_tile: int = 320) -> tuple[dict, dict]:
+    """Evaluate the graph on `values` (declared name -> array). Returns (outputs, final_states),
+    each a dict name -> array of the node's dtype. `k_tile` is the matmul K tile (the lanes)."""
+    env = _check_values(graph, values)
+    for n in graph.nodes():
+        if n.id in env:
+            continue
+        env[n.id] = _eval(n, [env[i] for i in n.inputs], k_tile)
+        assert env[n.id].shape == n.shape and env[n.id].dtype == S.NP_DTYPE[n.dtype], (n, env[n.id].shape)
+    outputs = {name: env[nid] for name, nid in graph.outputs.items()}
+    states = {name: env[nid] for name, nid in graph.final_states.items()}
+    return outputs, states
+
+
+# ---- deterministic inputs ----------------------------------------------------------------
+
+PASS_THROUGH = frozenset({"slice", "transpose", "reshape", "cast", "concat"})
+
+
+def _matmul_fan_in(graph: IRGraph, nid: int) -> int | None:
+    """K of the first matmul this leaf reaches as its right operand through shape ops, if any."""
+    todo = [nid]
+    while todo:
+        cur = todo.pop()
+        for u in graph.users(cur):
+            n = graph.node(u)
+            if n.op == "matmul" and n.inputs[1] == cur:
+                return graph.node(cur).shape[-2]
+            if n.op in PASS_THROUGH:
+                todo.append(u)
+    return None
+
+
+def random_values(graph: IRGraph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Deterministic values for every declared input, weight and state. Floats are N(0, 1)
+    scaled by 1/sqrt(K) for matmul right operands (K = fan-in) and by 0.1 for other weights,
+    so that deep programs stay well inside f16 range; integers are uniform in [-8, 8]."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, nid in graph.decls.items():
+        n = graph.node(nid)
+        if not S.is_float(n.dtype):
+            out[name] = rng.integers(-8, 9, size=n.shape).astype(S.NP_DTYPE[n.dtype])
+            continue
+        k = _matmul_fan_in(graph, nid)
+        scale = 1.0 / np.sqrt(k) if k else (0.1 if n.op == "weight" else 1.0)
+        out[name] = S.convert(rng.standard_normal(n.shape) * scale, n.dtype)
+    return out
