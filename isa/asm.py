@@ -115,7 +115,7 @@ def disassemble(program: Program) -> str:
         out.append(f".symbol {_word(s.name)} {_word(s.kind)} {_word(s.dtype)} {shape} "
                    + " ".join(f"{a}={_array(getattr(s, a))}" for a in ("slices", "banks", "addrs")))
         if s.data is not None:
-            data = np.ascontiguousarray(s.data, np.asarray(s.data).dtype.newbyteorder("<"))
+            data = np.asarray(s.data, np.asarray(s.data).dtype.newbyteorder("<"), order="C")
             b64 = base64.b64encode(data.tobytes()).decode() or "-"
             out.append(f".const {_word(s.name)} {data.dtype.str} {_dims(data.shape)} {b64}")
     out += [f".table {k} {_seq(row)}" for k, row in enumerate(np.asarray(p.tables))]

@@ -93,19 +93,22 @@ def check_instructions(machine: MachineConfig, queue, op, args, line=None, node=
     flag((unit != UNIT_ICU) & (unit == q_unit) & (role >= 0) & (role != q_role), lambda i: (
         f"{OPS[op[i]].name} does not run on queue {machine.queues[queue[i]][0]} (wrong MXM queue role)"))
     kinds = OP_KINDS[op]
+
+    def name(i, j):
+        return f"{OPS[op[i]].name} field '{OPS[op[i]].fields[j][0]}'"
+
     for j in range(NARGS):
         k, v = kinds[:, j], args[:, j]
-        name = lambda i, j=j: f"{OPS[op[i]].name} field '{OPS[op[i]].fields[j][0]}'"  # noqa: E731
         flag((k == 0) & (v != 0), lambda i, j=j: f"{OPS[op[i]].name} uses {len(OPS[op[i]].fields)} "
              f"fields but arg {j} is {args[i, j]}, not 0")
         flag(((k == 1) | (k == 4)) & ((v < _I32[0]) | (v > _I32[1])),
-             lambda i, j=j: f"{name(i)} = {args[i, j]} does not fit in 32 bits")
-        flag((k == 3) & ((v < 0) | (v >= len(DTYPES))), lambda i, j=j: f"{name(i)} = {args[i, j]} is not a dtype code")
+             lambda i, j=j: f"{name(i, j)} = {args[i, j]} does not fit in 32 bits")
+        flag((k == 3) & ((v < 0) | (v >= len(DTYPES))), lambda i, j=j: f"{name(i, j)} = {args[i, j]} is not a dtype code")
         dt, d, st = np.clip(v // 256, 0, len(DTYPES) - 1), (v // 64) % 4, v % 64
         width = np.asarray(DTYPE_WIDTH)[dt]
         flag((k == 2) & ((v < 0) | (v // 256 >= len(DTYPES)) | (d > 1)
                          | (st + width > machine.streams_per_direction)),
-             lambda i, j=j: f"{name(i)} = {args[i, j]} is not a stream ref on a machine with "
+             lambda i, j=j: f"{name(i, j)} = {args[i, j]} is not a stream ref on a machine with "
              f"{machine.streams_per_direction} streams per direction")
     if line is not None:
         line = np.asarray(line, np.int64)
@@ -210,7 +213,7 @@ def _encode_consts(p: Program, w: _Writer):
         data = np.asarray(s.data)
         if data.dtype.kind not in "biufc":
             raise BinaryError(f"cannot encode: symbol '{s.name}' data has dtype {data.dtype}")
-        data = np.ascontiguousarray(data, data.dtype.newbyteorder("<"))
+        data = np.asarray(data, data.dtype.newbyteorder("<"), order="C")
         w.uvar(i)
         w.str(data.dtype.str)
         w.uvar(data.ndim)
