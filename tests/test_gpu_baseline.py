@@ -152,3 +152,14 @@ def test_validation_error_bound():
     assert len(rows) >= 7
     assert median_abs_error(rows) <= 0.15
     assert all(abs(r["error"]) < 0.35 for r in rows)
+
+
+def test_calibrate_script_compiles_and_imports_torch_lazily():
+    import ast
+
+    path = os.path.join(os.path.dirname(workloads.__file__), "calibrate.py")
+    tree = ast.parse(open(path).read())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = {a.name for n in top for a in n.names} | {n.module for n in top if isinstance(n, ast.ImportFrom)}
+    assert "torch" not in names
+    compile(open(path).read(), path, "exec")
