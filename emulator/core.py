@@ -1,0 +1,645 @@
+"""The jitted core: executes a program's instructions, already expanded and sorted by issue
+cycle (see emulator/run.py), one after the other.
+
+Arrays in, arrays out; every size comes in as a plain int argument. The core has its own
+operation codes (`CORE_OPS`, mapped from the opcode table by name in run.py) so that Numba's
+cache, which freezes globals, never holds a stale opcode numbering.
+
+Streams: per (direction, stream) a ring buffer indexed by diagonal k mod `ring` holds the
+diagonal written (`ring_k`), the writer's position and execution index, and the payload bytes.
+
+A hazard stops the run: `hz` receives (kind, execution index, cycle, x0, x1, x2, x3) and the
+function returns the number of instructions executed before it.
+"""
+import numpy as np
+from numba import njit
+
+CORE_OPS = (
+    "READ", "WRITE", "GATHER", "SCATTER", "LW", "IW", "ABC", "ACC",
+    "ADD", "SUB", "MUL", "DIV", "MAX", "MIN",
+    "NEG", "ABS", "RELU", "CONV", "EXP", "LOG", "SQRT", "RSQRT", "TANH", "SIGMOID", "SILU", "GELU",
+    "MASK", "SHIFT", "ROTATE", "PERMUTE", "DISTRIBUTE", "TPIN", "TPOUT",
+)
+(C_READ, C_WRITE, C_GATHER, C_SCATTER, C_LW, C_IW, C_ABC, C_ACC,
+ C_ADD, C_SUB, C_MUL, C_DIV, C_MAX, C_MIN,
+ C_NEG, C_ABS, C_RELU, C_CONV, C_EXP, C_LOG, C_SQRT, C_RSQRT, C_TANH, C_SIGMOID, C_SILU, C_GELU,
+ C_MASK, C_SHIFT, C_ROTATE, C_PERMUTE, C_DISTRIBUTE, C_TPIN, C_TPOUT) = range(len(CORE_OPS))
+
+# dtype codes as packed in refs (checked against isa.opcodes.DTYPES by run.py)
+DTYPE_NAMES = ("i8", "f16", "i32", "f32", "bf16")
+D_I8, D_F16, D_I32, D_F32, D_BF16 = range(5)
+WIDTH = np.array([1, 2, 4, 4, 2], np.int64)
+TRANSPOSE_BUFFERS = 4
+
+# hazard kinds (messages in run.py)
+H_NONE, H_STREAM_EMPTY, H_TWO_WRITERS, H_BANK, H_ADDR, H_BUSY, H_NOT_READY, H_DTYPE, H_OPERAND = range(9)
+
+# counters
+K_BANK_ACCESSES, K_VXM_BUSY, K_MXM_BUSY, K_SXM_BUSY, K_MACS, K_SRAM_READ, K_SRAM_WRITTEN = range(7)
+N_COUNTERS = 7
+
+NO_DIAG = -(1 << 62)
+I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+# ---- number formats ---------------------------------------------------------------------------
+@njit(cache=True)
+def f32_bits_to_f16(u):
+    """Round an f32 bit pattern to the nearest f16 bit pattern (ties to even)."""
+    sign = (u >> 16) & 0x8000
+    e = (u >> 23) & 0xFF
+    m = u & 0x7FFFFF
+    if e == 0xFF:
+        return sign | 0x7C00 | ((0x200 | (m >> 13)) if m != 0 else 0)
+    ex = e - 127
+    if ex > 15:
+        return sign | 0x7C00
+    if ex >= -14:
+        h = ((ex + 15) << 10) | (m >> 13)
+        rem = m & 0x1FFF
+        if rem > 0x1000 or (rem == 0x1000 and (h & 1) == 1):
+            h += 1
+        return sign | h
+    if ex < -25:
+        return sign
+    full = m | 0x800000
+    shift = -ex - 1
+    h = full >> shift
+    rem = full & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    if rem > half or (rem == half and (h & 1) == 1):
+        h += 1
+    return sign | h
+
+
+@njit(cache=True)
+def f32_bits_to_bf16(u):
+    if (u & 0x7F800000) == 0x7F800000 and (u & 0x7FFFFF) != 0:
+        return (u >> 16) | 0x40
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+
+
+@njit(cache=True)
+def wrap32(v):
+    return ((v + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+
+
+@njit(cache=True)
+def saturate(v, lo, hi):
+    return lo if v < lo else (hi if v > hi else v)
+
+
+@njit(cache=True)
+def float_to_int(x, lo, hi):
+    if x != x:
+        return 0
+    r = np.rint(np.float64(x))
+    if r <= lo:
+        return lo
+    if r >= hi:
+        return hi
+    return np.int64(r)
+
+
+@njit(cache=True)
+def is_float(dt):
+    return dt == D_F16 or dt == D_F32 or dt == D_BF16
+
+
+@njit(cache=True)
+def plane_bits(src, w, l):
+    v = np.int64(0)
+    for b in range(w):
+        v |= np.int64(src[b, l]) << (8 * b)
+    return v
+
+
+@njit(cache=True)
+def decode_f32(src, dt, lanes, f16tab, u32, f32v, out):
+    """Byte planes `src` of dtype `dt` -> float32 values in `out`."""
+    for l in range(lanes):
+        if dt == D_F16:
+            out[l] = f16tab[plane_bits(src, 2, l)]
+        elif dt == D_F32:
+            u32[l] = plane_bits(src, 4, l)
+            out[l] = f32v[l]
+        elif dt == D_BF16:
+            u32[l] = plane_bits(src, 2, l) << 16
+            out[l] = f32v[l]
+        else:
+            out[l] = np.float32(decode_int(src, dt, l))
+
+
+@njit(cache=True)
+def decode_int(src, dt, l):
+    if dt == D_I8:
+        v = np.int64(src[0, l])
+        return v - 256 if v >= 128 else v
+    v = plane_bits(src, 4, l)
+    return v - (1 << 32) if v >= (1 << 31) else v
+
+
+@njit(cache=True)
+def encode_f32(vals, dt, nv, lanes, u32, f32v, dst):
+    """float32 `vals` -> byte planes of dtype `dt` in `dst`; lanes >= nv are 0."""
+    for l in range(lanes):
+        bits = np.int64(0)
+        if l < nv:
+            x = vals[l]
+            if dt == D_I8:
+                bits = float_to_int(x, -128, 127) & 0xFF
+            elif dt == D_I32:
+                bits = float_to_int(x, I32_MIN, I32_MAX) & 0xFFFFFFFF
+            else:
+                f32v[l] = x
+                bits = np.int64(u32[l])
+                if dt == D_F16:
+                    bits = f32_bits_to_f16(bits)
+                elif dt == D_BF16:
+                    bits = f32_bits_to_bf16(bits)
+        for b in range(4):
+            dst[b, l] = (bits >> (8 * b)) & 0xFF
+
+
+@njit(cache=True)
+def encode_int(vals, dt, nv, lanes, dst):
+    for l in range(lanes):
+        bits = np.int64(0)
+        if l < nv:
+            bits = (saturate(vals[l], -128, 127) if dt == D_I8 else vals[l]) & 0xFFFFFFFF
+        for b in range(4):
+            dst[b, l] = (bits >> (8 * b)) & 0xFF
+
+
+# ---- VXM ---------------------------------------------------------------------------------------
+@njit(cache=True, error_model="numpy")
+def f32_unary(op, x):
+    one = np.float32(1.0)
+    if op == C_NEG:
+        return -x
+    if op == C_ABS:
+        return abs(x)
+    if op == C_RELU:
+        return np.float32(0.0) if x < 0 else x
+    if op == C_EXP:
+        return np.exp(x)
+    if op == C_LOG:
+        return np.log(x)
+    if op == C_SQRT:
+        return np.sqrt(x)
+    if op == C_RSQRT:
+        return one / np.sqrt(x)
+    if op == C_TANH:
+        return np.tanh(x)
+    if op == C_SIGMOID:
+        return one / (one + np.exp(-x))
+    if op == C_SILU:
+        return x * (one / (one + np.exp(-x)))
+    if op == C_GELU:
+        inner = np.float32(0.7978845608) * (x + np.float32(0.044715) * (x * x * x))
+        return np.float32(0.5) * x * (one + np.tanh(inner))
+    return x  # CONV
+
+
+@njit(cache=True, error_model="numpy")
+def f32_binary(op, a, b):
+    if op == C_ADD:
+        return a + b
+    if op == C_SUB:
+        return a - b
+    if op == C_MUL:
+        return a * b
+    if op == C_DIV:
+        return a / b
+    if a != a or b != b:
+        return a + b  # NaN
+    if op == C_MAX:
+        return a if a >= b else b
+    return a if a <= b else b
+
+
+@njit(cache=True)
+def int_unary(op, x):
+    if op == C_NEG:
+        return wrap32(-x)
+    if op == C_ABS:
+        return wrap32(abs(x))
+    if op == C_RELU:
+        return x if x > 0 else 0
+    return x  # CONV
+
+
+@njit(cache=True)
+def int_binary(op, a, b):
+    if op == C_ADD:
+        return wrap32(a + b)
+    if op == C_SUB:
+        return wrap32(a - b)
+    if op == C_MUL:
+        return wrap32(a * b)
+    if op == C_DIV:
+        if b == 0:
+            return 0
+        q = abs(a) // abs(b)
+        return wrap32(q if (a < 0) == (b < 0) else -q)
+    if op == C_MAX:
+        return a if a >= b else b
+    return a if a <= b else b
+
+
+@njit(cache=True)
+def vxm_compute(op, a, adt, b, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, ib, u32, f32v, dst):
+    """One VXM instruction on operand byte planes a, b (b unused for unary ops and MASK)."""
+    binary = op >= C_ADD and op <= C_MIN
+    reads_a = not (binary and bimm == 2)
+    reads_b = binary and bimm == 0
+    fl = (is_float(odt) or (reads_a and is_float(adt)) or (reads_b and is_float(bdt))
+          or (op >= C_EXP and op <= C_GELU))
+    if fl:
+        u32[0] = imm & 0xFFFFFFFF
+        fimm = f32v[0]
+        if reads_a:
+            decode_f32(a, adt, lanes, f16tab, u32, f32v, fa)
+        if reads_b:
+            decode_f32(b, bdt, lanes, f16tab, u32, f32v, fb)
+        for l in range(lanes):
+            if op == C_MASK:
+                fa[l] = fa[l] if l < cut else fimm
+            elif binary:
+                fa[l] = f32_binary(op, fimm if bimm == 2 else fa[l], fimm if bimm == 1 else fb[l])
+            else:
+                fa[l] = f32_unary(op, fa[l])
+        encode_f32(fa, odt, nv, lanes, u32, f32v, dst)
+    else:
+        for l in range(lanes):
+            x = decode_int(a, adt, l) if reads_a else np.int64(imm)
+            if op == C_MASK:
+                ia[l] = x if l < cut else imm
+            elif binary:
+                ia[l] = int_binary(op, x, decode_int(b, bdt, l) if reads_b else np.int64(imm))
+            else:
+                ia[l] = int_unary(op, x)
+        encode_int(ia, odt, nv, lanes, dst)
+
+
+# ---- MXM ---------------------------------------------------------------------------------------
+@njit(cache=True)
+def install(buf, dt, trans, lanes, f16tab, w):
+    """w[k, n] = the weight buffer (transposed if trans) as numbers."""
+    for r in range(lanes):
+        for c in range(lanes):
+            if dt == D_I8:
+                v = np.float64(np.int8(buf[r, c, 0]))
+            else:
+                v = np.float64(f16tab[np.int64(buf[r, c, 0]) | (np.int64(buf[r, c, 1]) << 8)])
+            if trans:
+                w[c, r] = v
+            else:
+                w[r, c] = v
+
+
+@njit(cache=True)
+def dot(x, w, lanes, y):
+    """y[n] = sum over k (in order) of x[k] * w[k, n], in float64."""
+    for n in range(lanes):
+        y[n] = 0.0
+    for k in range(lanes):
+        xk = x[k]
+        for n in range(lanes):
+            y[n] += xk * w[k, n]
+
+
+# ---- streams -----------------------------------------------------------------------------------
+@njit(cache=True)
+def ref_ok(ref, w, spd):
+    d = (ref >> 6) & 3
+    s = ref & 63
+    return ref >= 0 and d <= 1 and s + w <= spd
+
+
+@njit(cache=True)
+def stream_read(ref, w, q, c, ring_k, ring_pos, ring_pay, dst, hz):
+    """Read w byte planes of ref at position q in cycle c into dst; False on a hazard."""
+    d = (ref >> 6) & 3
+    s = ref & 63
+    k = c - q if d == 0 else c + q
+    slot = k & (ring_k.shape[2] - 1)
+    for b in range(w):
+        wpos = ring_pos[d, s + b, slot]
+        if ring_k[d, s + b, slot] != k or (d == 0 and wpos > q) or (d == 1 and wpos < q):
+            hz[0] = H_STREAM_EMPTY
+            hz[3] = d
+            hz[4] = s + b
+            hz[5] = k
+            hz[6] = wpos if ring_k[d, s + b, slot] == k else -1
+            return False
+        dst[b, :] = ring_pay[d, s + b, slot, :]
+    return True
+
+
+@njit(cache=True)
+def stream_write(ref, w, p, c, ex, ring_k, ring_pos, ring_src, ring_pay, src, hz):
+    """Put w byte planes of src on ref at position p in cycle c (writer execution index ex)."""
+    d = (ref >> 6) & 3
+    s = ref & 63
+    k = c - p if d == 0 else c + p
+    slot = k & (ring_k.shape[2] - 1)
+    for b in range(w):
+        if ring_k[d, s + b, slot] == k:
+            hz[0] = H_TWO_WRITERS
+            hz[3] = d
+            hz[4] = s + b
+            hz[5] = k
+            hz[6] = ring_src[d, s + b, slot]
+            return False
+        ring_k[d, s + b, slot] = k
+        ring_pos[d, s + b, slot] = p
+        ring_src[d, s + b, slot] = ex
+        ring_pay[d, s + b, slot, :] = src[b, :]
+    return True
+
+
+@njit(cache=True)
+def operand_error(hz, field, value):
+    hz[0] = H_OPERAND
+    hz[3] = field
+    hz[4] = value
+    return False
+
+
+# ---- units -------------------------------------------------------------------------------------
+@njit(cache=True)
+def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring_k, ring_pos, ring_src, ring_pay,
+             sa, sb, hz, counters):
+    bank, addr = a[0], a[1]
+    nbanks, naddr = mem.shape[1], mem.shape[2]
+    if bank < 0 or bank >= nbanks or addr < 0 or addr >= naddr:
+        hz[0], hz[3], hz[4], hz[5] = H_ADDR, s, bank, addr
+        return False
+    if bank_last[s, bank] == t:
+        hz[0], hz[3], hz[4] = H_BANK, s, bank
+        return False
+    bank_last[s, bank] = t
+    counters[K_BANK_ACCESSES] += 1
+    if op == C_READ or op == C_WRITE:
+        if not ref_ok(a[2], 1, spd):
+            return operand_error(hz, 2, a[2])
+        if op == C_READ:
+            sa[0, :] = mem[s, bank, addr, :]
+            counters[K_SRAM_READ] += lanes
+            return stream_write(a[2], 1, p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, sa, hz)
+        if not stream_read(a[2], 1, p, t, ring_k, ring_pos, ring_pay, sa, hz):
+            return False
+        mem[s, bank, addr, :] = sa[0, :]
+        counters[K_SRAM_WRITTEN] += lanes
+        return True
+    for f in (2, 3):
+        if not ref_ok(a[f], 1, spd):
+            return operand_error(hz, f, a[f])
+    if not stream_read(a[2], 1, p, t, ring_k, ring_pos, ring_pay, sb, hz):
+        return False
+    for l in range(lanes):
+        if addr + sb[0, l] >= naddr:
+            hz[0], hz[3], hz[4], hz[5] = H_ADDR, s, bank, addr + sb[0, l]
+            return False
+    if op == C_GATHER:
+        for l in range(lanes):
+            sa[0, l] = mem[s, bank, addr + sb[0, l], l]
+        counters[K_SRAM_READ] += lanes
+        return stream_write(a[3], 1, p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, sa, hz)
+    if not stream_read(a[3], 1, p, t, ring_k, ring_pos, ring_pay, sa, hz):
+        return False
+    for l in range(lanes):
+        mem[s, bank, addr + sb[0, l], l] = sa[0, l]
+    counters[K_SRAM_WRITTEN] += lanes
+    return True
+
+
+@njit(cache=True)
+def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring_k, ring_pos, ring_src, ring_pay, f16tab,
+             sa, sb, so, fa, fb, ia, ib, u32, f32v, hz, counters):
+    binary = op >= C_ADD and op <= C_MIN
+    bref, cut, imm, bimm = 0, 0, 0, 0
+    if binary:
+        aref, bref, oref, nv, imm, bimm = a[0], a[1], a[2], a[3], a[4], a[5]
+        nvf = 3
+    else:
+        aref, oref, nv = a[0], a[1], a[2]
+        nvf = 2
+        if op == C_MASK:
+            cut, imm = a[3], a[4]
+    if bimm < 0 or bimm > 2:
+        return operand_error(hz, 5, bimm)
+    if nv < 0 or nv > lanes:
+        return operand_error(hz, nvf, nv)
+    reads_a = not (binary and bimm == 2)
+    reads_b = binary and bimm == 0
+    for f, ref, used in ((0, aref, reads_a), (1, bref, reads_b), (nvf - 1, oref, True)):
+        if used and (ref < 0 or ref >> 8 >= 5 or not ref_ok(ref, WIDTH[(ref >> 8) % 5], spd)):
+            return operand_error(hz, f, ref)
+    adt, bdt, odt = aref >> 8, bref >> 8, oref >> 8
+    if reads_a and not stream_read(aref, WIDTH[adt], p, t, ring_k, ring_pos, ring_pay, sa, hz):
+        return False
+    if reads_b and not stream_read(bref, WIDTH[bdt], p, t, ring_k, ring_pos, ring_pay, sb, hz):
+        return False
+    vxm_compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, ib, u32, f32v, so)
+    counters[K_VXM_BUSY] += 1
+    return stream_write(oref, WIDTH[odt], p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, so, hz)
+
+
+@njit(cache=True)
+def mxm_input_ok(ref, plane, spd):
+    """An LW/ABC operand: i8, or f16 on an even plane (the pair's f16 unit)."""
+    dt = ref >> 8
+    return ref >= 0 and (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)) and ref_ok(ref, WIDTH[dt], spd)
+
+
+@njit(cache=True)
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring_k, ring_pos, ring_src,
+             ring_pay, f16tab, lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, xv, y, hz, counters):
+    if op == C_LW:
+        row, ref = a[0], a[1]
+        if row < 0 or row >= lanes:
+            return operand_error(hz, 0, row)
+        if not mxm_input_ok(ref, plane, spd):
+            return operand_error(hz, 1, ref)
+        w = WIDTH[ref >> 8]
+        if not stream_read(ref, w, p, t, ring_k, ring_pos, ring_pay, sa, hz):
+            return False
+        for b in range(w):
+            lbuf[plane, row, :, b] = sa[b, :]
+        return True
+    if op == C_IW:
+        dt, trans = a[0], a[1]
+        if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
+            return operand_error(hz, 0, dt)
+        if busy[plane] > t:
+            hz[0], hz[3], hz[4] = H_BUSY, plane, busy[plane]
+            return False
+        busy[plane] = t + 1
+        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane])
+        wdt[plane] = dt
+        return True
+    if op == C_ABC:
+        ref, row, accum = a[0], a[1], a[2]
+        if not mxm_input_ok(ref, plane, spd):
+            return operand_error(hz, 0, ref)
+        if row < 0 or row >= acc_rows:
+            return operand_error(hz, 1, row)
+        dt = ref >> 8
+        if wdt[plane] != dt:
+            hz[0], hz[3], hz[4] = H_DTYPE, dt, wdt[plane]
+            return False
+        kind = D_I32 if dt == D_I8 else D_F32
+        if accum != 0 and acc_kind[plane, row] != kind and acc_kind[plane, row] != -1:
+            hz[0], hz[3], hz[4] = H_DTYPE, kind, acc_kind[plane, row]
+            return False
+        span = 1 if dt == D_I8 else 2
+        for pl in range(plane, plane + span):
+            if busy[pl] > t:
+                hz[0], hz[3], hz[4] = H_BUSY, pl, busy[pl]
+                return False
+        for pl in range(plane, plane + span):
+            busy[pl] = t + (1 if dt == D_I8 else pair_cycles)
+        if not stream_read(ref, WIDTH[dt], p, t, ring_k, ring_pos, ring_pay, sa, hz):
+            return False
+        for l in range(lanes):
+            xv[l] = np.float64(np.int8(sa[0, l])) if dt == D_I8 else f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
+        dot(xv, wts[plane], lanes, y)
+        if dt == D_I8:
+            acc_i = acc_bits[plane, row].view(np.int32)
+            for n in range(lanes):
+                v = np.int64(y[n])
+                acc_i[n] = wrap32(acc_i[n] + v) if accum != 0 else v
+        else:
+            acc_f = acc_bits[plane, row].view(np.float32)
+            for n in range(lanes):
+                y32 = np.float32(y[n])
+                acc_f[n] = np.float32(acc_f[n] + y32) if accum != 0 else y32
+        acc_kind[plane, row] = kind
+        acc_ready[plane, row] = t + lat
+        counters[K_MXM_BUSY] += 1 if dt == D_I8 else 2 * pair_cycles
+        counters[K_MACS] += lanes * lanes
+        return True
+    row, ref = a[0], a[1]  # ACC
+    if row < 0 or row >= acc_rows:
+        return operand_error(hz, 0, row)
+    if ref < 0 or not (ref >> 8 == D_I32 or ref >> 8 == D_F32) or not ref_ok(ref, 4, spd):
+        return operand_error(hz, 1, ref)
+    if acc_ready[plane, row] > t:
+        hz[0], hz[3], hz[4], hz[5] = H_NOT_READY, plane, row, acc_ready[plane, row]
+        return False
+    if acc_kind[plane, row] != -1 and acc_kind[plane, row] != ref >> 8:
+        hz[0], hz[3], hz[4] = H_DTYPE, ref >> 8, acc_kind[plane, row]
+        return False
+    for l in range(lanes):
+        bits = np.int64(acc_bits[plane, row, l])
+        for b in range(4):
+            so[b, l] = (bits >> (8 * b)) & 0xFF
+    return stream_write(ref, 4, p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, so, hz)
+
+
+@njit(cache=True)
+def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring_k, ring_pos, ring_src, ring_pay, tbuf,
+             sa, so, hz, counters):
+    counters[K_SXM_BUSY] += 1
+    if op == C_TPOUT:
+        buf, col, ref = a[0], a[1], a[2]
+        rf = 2
+    else:
+        ref = a[0]
+        rf = 0
+    dt = ref >> 8
+    if ref < 0 or dt >= 5 or not ref_ok(ref, WIDTH[dt], spd):
+        return operand_error(hz, rf, ref)
+    w = WIDTH[dt]
+    if op == C_TPOUT or op == C_TPIN:
+        if op == C_TPIN:
+            buf, row = a[1], a[2]
+            if row < 0 or row >= lanes:
+                return operand_error(hz, 2, row)
+        elif col < 0 or col >= lanes:
+            return operand_error(hz, 1, col)
+        if buf < 0 or buf + w > TRANSPOSE_BUFFERS:
+            return operand_error(hz, 0 if op == C_TPOUT else 1, buf)
+        if op == C_TPIN:
+            if not stream_read(ref, w, p, t, ring_k, ring_pos, ring_pay, sa, hz):
+                return False
+            for b in range(w):
+                tbuf[h, buf + b, row, :] = sa[b, :]
+            return True
+        for b in range(w):
+            so[b, :] = tbuf[h, buf + b, :, col]
+        return stream_write(ref, w, p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, so, hz)
+    oref, k = a[1], a[2]
+    if oref < 0 or oref >> 8 != dt or not ref_ok(oref, w, spd):
+        return operand_error(hz, 1, oref)
+    if op == C_PERMUTE and (k < 0 or k >= tables.shape[0]):
+        return operand_error(hz, 2, k)
+    if op == C_DISTRIBUTE and (k < 0 or k >= lanes):
+        return operand_error(hz, 2, k)
+    if not stream_read(ref, w, p, t, ring_k, ring_pos, ring_pay, sa, hz):
+        return False
+    for l in range(lanes):
+        if op == C_SHIFT:
+            src = l - k if l - k >= 0 and l - k < lanes else -1
+        elif op == C_ROTATE:
+            src = (l - k) % lanes
+        elif op == C_PERMUTE:
+            src = tables[k, l] if tables[k, l] < lanes else -1
+        else:
+            src = k
+        for b in range(w):
+            so[b, l] = sa[b, src] if src >= 0 else 0
+    return stream_write(oref, w, p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, so, hz)
+
+
+# ---- the run -----------------------------------------------------------------------------------
+@njit(cache=True)
+def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring, nplanes, acc_rows, pair_cycles,
+            mem, tables, f16tab, hz, counters):
+    """Execute the sorted instruction list; returns how many ran (all, or up to the hazard)."""
+    ring_k = np.full((2, spd, ring), NO_DIAG, np.int64)
+    ring_pos = np.zeros((2, spd, ring), np.int64)
+    ring_src = np.zeros((2, spd, ring), np.int64)
+    ring_pay = np.zeros((2, spd, ring, lanes), np.uint8)
+    bank_last = np.full((mem.shape[0], mem.shape[1]), -1, np.int64)
+    lbuf = np.zeros((nplanes, lanes, lanes, 2), np.uint8)
+    wts = np.zeros((nplanes, lanes, lanes), np.float64)
+    wdt = np.full(nplanes, -1, np.int64)
+    busy = np.zeros(nplanes, np.int64)
+    acc_bits = np.zeros((nplanes, acc_rows, lanes), np.uint32)
+    acc_kind = np.full((nplanes, acc_rows), -1, np.int64)
+    acc_ready = np.zeros((nplanes, acc_rows), np.int64)
+    tbuf = np.zeros((2, TRANSPOSE_BUFFERS, lanes, lanes), np.uint8)
+    sa = np.zeros((4, lanes), np.uint8)
+    sb = np.zeros((4, lanes), np.uint8)
+    so = np.zeros((4, lanes), np.uint8)
+    fa = np.zeros(lanes, np.float32)
+    fb = np.zeros(lanes, np.float32)
+    ia = np.zeros(lanes, np.int64)
+    ib = np.zeros(lanes, np.int64)
+    u32 = np.zeros(lanes, np.uint32)
+    f32v = u32.view(np.float32)
+    xv = np.zeros(lanes, np.float64)
+    y = np.zeros(lanes, np.float64)
+    for i in range(cyc.shape[0]):
+        t, op, q, a = cyc[i], ops[i], queues[i], args[i]
+        p = qpos[q]
+        if op <= C_SCATTER:
+            ok = mem_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, mem, bank_last, ring_k, ring_pos,
+                          ring_src, ring_pay, sa, sb, hz, counters)
+        elif op <= C_ACC:
+            ok = mxm_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring_k, ring_pos,
+                          ring_src, ring_pay, f16tab, lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready,
+                          sa, so, xv, y, hz, counters)
+        elif op <= C_MASK:
+            ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring_k, ring_pos, ring_src, ring_pay, f16tab,
+                          sa, sb, so, fa, fb, ia, ib, u32, f32v, hz, counters)
+        else:
+            ok = sxm_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, tables, ring_k, ring_pos, ring_src,
+                          ring_pay, tbuf, sa, so, hz, counters)
+        if not ok:
+            hz[1], hz[2] = i, t
+            return i
+    return cyc.shape[0]

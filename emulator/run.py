@@ -1,0 +1,331 @@
+"""Running a `Program`: load tensors into emulated SRAM, expand and order the instructions, call
+the jitted core, raise hazards as `HazardError`, read the outputs back.
+
+There are no stalls on this machine, so every instruction's issue cycle is known statically:
+each queue issues from cycle 0, one instruction per cycle, except `NOP n` (n cycles), `SYNC` and
+`NOTIFY` (zero-time markers) and `REPEAT n d` (the previous instruction again at +d, +2d, ...,
++nd with its addr/row/acc field +1 each time; the queue goes on one cycle after the last). The
+expanded instructions, sorted by (cycle, phase, queue, index), are executed in that order, which
+is also the order of the trace.
+
+cycles = max over executed instructions of (issue + latency) + 1 + icu_skew (0 if none).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from emulator import core
+from isa import opcodes as O
+from isa.errors import LpuError
+from isa.machine import UNIT_ICU, UNIT_MXM, UNIT_NAMES
+from isa.program import Program, Symbol, vector_grid
+
+if tuple(core.DTYPE_NAMES) != tuple(O.DTYPES):
+    raise ImportError("emulator.core dtype codes differ from isa.opcodes.DTYPES")
+
+# opcode -> core operation (-1: ICU markers, which the core never sees)
+CORE_OP = np.array([core.CORE_OPS.index(s.name) if s.unit != UNIT_ICU else -1 for s in O.OPS], np.int32)
+PHASE = np.array([s.phase for s in O.OPS], np.int32)
+OP_UNIT = np.array([s.unit for s in O.OPS], np.int32)
+OP_ROLE = np.array([s.role for s in O.OPS], np.int32)
+REPEAT_FIELD = np.array(O.REPEAT_FIELD, np.int32)
+NUMPY_DTYPE = {"i8": np.int8, "f16": np.float16, "i32": np.int32, "f32": np.float32, "bf16": np.float32}
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+HAZARD_TEXT = {
+    core.H_STREAM_EMPTY: "stream read with no valid value",
+    core.H_TWO_WRITERS: "two writers on one stream position",
+    core.H_BANK: "two accesses to one bank in a cycle",
+    core.H_ADDR: "address out of range",
+    core.H_BUSY: "unit issued twice",
+    core.H_NOT_READY: "operand not ready",
+    core.H_DTYPE: "dtype mismatch",
+    core.H_OPERAND: "invalid operand",
+}
+
+
+class HazardError(LpuError):
+    """The program broke the machine's timing or resource rules at run time."""
+
+    def __init__(self, message, cycle, queue, index, opcode, line, kind, expected):
+        super().__init__(message, cycle=cycle, queue=queue, index=index, opcode=opcode, line=line,
+                         kind=kind, expected=expected)
+        self.cycle, self.queue, self.index, self.opcode = cycle, queue, index, opcode
+        self.line, self.kind, self.expected = line, kind, expected
+
+
+@dataclass
+class Trace:
+    """One record per executed instruction, in execution order."""
+    cycle: np.ndarray    # int64: issue cycle
+    index: np.ndarray    # int32: instruction index in the program arrays
+    repeat: np.ndarray   # int32: 0, or which repetition of a REPEAT it was
+
+
+@dataclass
+class RunResult:
+    outputs: dict
+    states: dict
+    cycles: int
+    instructions: int
+    counters: dict
+    utilization: dict
+    trace: Trace | None = None
+
+
+@dataclass
+class Schedule:
+    """The expanded instructions, sorted in execution order."""
+    cycle: np.ndarray
+    src: np.ndarray
+    repeat: np.ndarray
+    queue: np.ndarray
+    op: np.ndarray       # opcode
+    args: np.ndarray
+    latency: np.ndarray
+
+    @property
+    def cycles(self) -> int:
+        return 0 if not len(self.cycle) else int((self.cycle + self.latency).max()) + 1
+
+
+def _structure_error(program: Program, i: int, what: str) -> LpuError:
+    name = program.machine.queues[program.queue[i]][0] if 0 <= program.queue[i] < len(program.machine.queues) else "?"
+    op = O.OPS[program.op[i]].name if 0 <= program.op[i] < len(O.OPS) else str(program.op[i])
+    return LpuError(f"bad program: instruction {i} ({op} on queue {name}): {what}")
+
+
+def schedule(program: Program) -> Schedule:
+    """Issue cycle of every instruction, REPEATs expanded, sorted by (cycle, phase, queue, index)."""
+    m = program.machine
+    queue, op, args = program.queue.astype(np.int64), program.op.astype(np.int64), program.args.astype(np.int64)
+    n = len(op)
+    nq = len(m.queues)
+    bad = np.flatnonzero((op < 0) | (op >= len(O.OPS)) | (queue < 0) | (queue >= nq))
+    if len(bad):
+        raise _structure_error(program, bad[0], "unknown opcode or queue")
+    if n and np.any(np.diff(queue) < 0):
+        raise _structure_error(program, int(np.flatnonzero(np.diff(queue) < 0)[0]) + 1, "queues out of order")
+    qunit = np.array([q[1] for q in m.queues], np.int32)
+    qrole = np.array([q[3] for q in m.queues], np.int32)
+    unit = OP_UNIT[op]
+    bad = np.flatnonzero((unit != UNIT_ICU) & ((unit != qunit[queue]) | ((unit == UNIT_MXM) & (OP_ROLE[op] != qrole[queue]))))
+    if len(bad):
+        raise _structure_error(program, bad[0], f"not an instruction of a {UNIT_NAMES[qunit[queue[bad[0]]]]} queue of this kind")
+    first = np.ones(n, bool)
+    first[1:] = queue[1:] != queue[:-1]
+    is_rep, is_nop = op == O.REPEAT, op == O.NOP
+    for cond, what in (((op == O.SYNC) & ~first, "SYNC must be the first instruction of its queue"),
+                       (is_nop & (args[:, 0] < 0), "NOP count must be >= 0"),
+                       (is_rep & ((args[:, 0] < 0) | (args[:, 1] < 1)), "REPEAT needs n >= 0 and d >= 1"),
+                       (is_rep & (first | (OP_UNIT[np.roll(op, 1)] == UNIT_ICU)),
+                        "REPEAT must follow a unit instruction of its queue")):
+        if np.any(cond):
+            raise _structure_error(program, int(np.flatnonzero(cond)[0]), what)
+    if np.any(op == O.SYNC) and not np.any((op == O.NOTIFY) & (queue == 0)):
+        raise LpuError("bad program: a queue waits in SYNC but the ICU queue has no NOTIFY")
+    dur = np.where(is_nop, args[:, 0], np.where(is_rep, args[:, 0] * args[:, 1],
+                                                  np.where((op == O.SYNC) | (op == O.NOTIFY), 0, 1)))
+    ends = np.cumsum(dur)
+    issue = ends - dur
+    starts = np.flatnonzero(first)
+    issue -= np.repeat(issue[starts], np.diff(np.append(starts, n)))
+    # expand: every unit instruction once, then REPEAT copies of the one before each REPEAT
+    base = np.flatnonzero(unit != UNIT_ICU)
+    reps = np.flatnonzero(is_rep)
+    counts = args[reps, 0]
+    rep_of = np.repeat(reps, counts)
+    j = np.arange(len(rep_of)) - np.repeat(np.cumsum(counts) - counts, counts) + 1
+    src = np.concatenate([base, rep_of - 1])
+    jj = np.concatenate([np.zeros(len(base), np.int64), j])
+    cyc = issue[src] + jj * np.concatenate([np.zeros(len(base), np.int64), args[rep_of, 1]])
+    eargs = args[src].copy()
+    field = REPEAT_FIELD[op[src]]
+    has = field >= 0
+    eargs[np.flatnonzero(has), field[has]] += jj[has]
+    order = np.lexsort((jj, src, queue[src], PHASE[op[src]], cyc))
+    src, jj, cyc, eargs = src[order], jj[order], cyc[order], eargs[order]
+    lat = np.array(O.latency_table(m), np.int64)[op[src]]
+    return Schedule(cyc, src.astype(np.int32), jj.astype(np.int32), queue[src].astype(np.int32),
+                    op[src].astype(np.int32), eargs, lat)
+
+
+# ---- SRAM images of tensors ---------------------------------------------------------------------
+def _layout_check(sym: Symbol, m, nvec: int):
+    for a in ("slices", "banks", "addrs"):
+        if getattr(sym, a).shape != (nvec, sym.width):
+            raise LpuError(f"tensor '{sym.name}': layout '{a}' has shape {getattr(sym, a).shape}, "
+                           f"expected {(nvec, sym.width)}")
+    for a, hi in (("slices", m.mem_slices), ("banks", m.banks_per_slice), ("addrs", m.addresses_per_bank)):
+        v = getattr(sym, a)
+        if v.size and (v.min() < 0 or v.max() >= hi):
+            raise LpuError(f"tensor '{sym.name}': layout '{a}' out of range 0..{hi - 1}")
+
+
+def _to_bits(dtype: str, arr: np.ndarray) -> np.ndarray:
+    """Tensor values -> little-endian bytes [..., width] (bf16: rounded to nearest even)."""
+    if dtype == "bf16":
+        u = arr.astype(np.float32).view(np.uint32).astype(np.uint64)
+        bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+        nan = (u & 0x7FFFFFFF) > 0x7F800000
+        bits[nan] = (u[nan] >> 16) | 0x40
+        arr = bits.astype("<u2")
+    else:
+        arr = arr.astype(np.dtype(NUMPY_DTYPE[dtype]).newbyteorder("<"))
+    return np.ascontiguousarray(arr).view(np.uint8).reshape(arr.shape + (-1,))
+
+
+def _from_bits(dtype: str, by: np.ndarray) -> np.ndarray:
+    """Little-endian bytes [..., width] -> tensor values."""
+    if dtype == "bf16":
+        return (by.copy().view("<u2")[..., 0].astype(np.uint32) << 16).view(np.float32)
+    return by.copy().view(np.dtype(NUMPY_DTYPE[dtype]).newbyteorder("<"))[..., 0].astype(NUMPY_DTYPE[dtype])
+
+
+def _planes(sym: Symbol, m) -> tuple:
+    """(rows, chunks, cols) and the flat (slice, bank, addr) index of every byte plane."""
+    rows, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
+    nvec = rows * chunks
+    idx = []
+    for a, hi in (("slices", m.mem_slices), ("banks", m.banks_per_slice), ("addrs", m.addresses_per_bank)):
+        v = np.asarray(getattr(sym, a))
+        if v.shape != (nvec, sym.width):
+            raise LpuError(f"tensor '{sym.name}': layout '{a}' has shape {v.shape}, expected {(nvec, sym.width)}")
+        if v.size and (v.min() < 0 or v.max() >= hi):
+            raise LpuError(f"tensor '{sym.name}': layout '{a}' out of range 0..{hi - 1}")
+        idx.append(v.ravel())
+    return (rows, chunks, cols), tuple(idx)
+
+
+def _store(mem: np.ndarray, sym: Symbol, arr: np.ndarray, m):
+    (rows, chunks, cols), idx = _planes(sym, m)
+    by = np.zeros((rows, chunks * m.lanes, sym.width), np.uint8)
+    by[:, :cols] = _to_bits(sym.dtype, arr.reshape(rows, cols))
+    mem[idx] = by.reshape(rows, chunks, m.lanes, sym.width).transpose(0, 1, 3, 2).reshape(-1, m.lanes)
+
+
+def _fetch(mem: np.ndarray, sym: Symbol, m) -> np.ndarray:
+    (rows, chunks, cols), idx = _planes(sym, m)
+    by = mem[idx].reshape(rows, chunks, sym.width, m.lanes).transpose(0, 1, 3, 2).reshape(rows, -1, sym.width)
+    return _from_bits(sym.dtype, by[:, :cols]).reshape(tuple(sym.shape))
+
+
+def load(program: Program, values: dict) -> np.ndarray:
+    """A fresh SRAM image uint8[slices, banks, addresses, lanes] holding every input, weight,
+    state and constant tensor of the program at its place."""
+    m = program.machine
+    mem = np.zeros((m.mem_slices, m.banks_per_slice, m.addresses_per_bank, m.lanes), np.uint8)
+    wanted = {s.name: s for s in program.symbols if s.kind in ("input", "weight", "state")}
+    unknown = sorted(set(values) - set(wanted))
+    if unknown:
+        raise LpuError(f"unknown tensor(s) {', '.join(unknown)} (the program takes: {', '.join(wanted) or 'none'})")
+    missing = [n for n in wanted if n not in values]
+    if missing:
+        raise LpuError(f"missing value(s) for {', '.join(missing)}")
+    for sym in program.symbols:
+        if sym.kind == "const":
+            arr = np.asarray(sym.data)
+        elif sym.name in wanted:
+            arr = np.asarray(values[sym.name])
+            want = np.dtype(NUMPY_DTYPE[sym.dtype])
+            if arr.shape != tuple(sym.shape) or arr.dtype != want:
+                raise LpuError(f"tensor '{sym.name}': expected {sym.dtype} {list(sym.shape)} ({want}), "
+                               f"got {arr.dtype} {list(arr.shape)}")
+        else:
+            continue
+        _store(mem, sym, arr.reshape(tuple(sym.shape)), m)
+    return mem
+
+
+# ---- the run ------------------------------------------------------------------------------------
+HAZARD_KIND = {core.H_STREAM_EMPTY: "stream-read", core.H_TWO_WRITERS: "two-writers", core.H_BANK: "bank-conflict",
+               core.H_ADDR: "address", core.H_BUSY: "unit-busy", core.H_NOT_READY: "not-ready",
+               core.H_DTYPE: "dtype", core.H_OPERAND: "operand"}
+
+
+def _stream_name(d: int, s: int) -> str:
+    return ("E" if d == 0 else "W") + str(s)
+
+
+def _dtype_name(code: int) -> str:
+    return O.DTYPES[code] if 0 <= code < len(O.DTYPES) else "none"
+
+
+def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
+    m = program.machine
+    kind, i, cycle, x0, x1, x2, x3 = (int(v) for v in hz[:7])
+    src = int(s.src[i])
+    op = O.OPS[s.op[i]]
+    if kind == core.H_STREAM_EMPTY:
+        expected = f"a value written on diagonal {x2}"
+        detail = f"on {_stream_name(x0, x1)} (expected {expected})"
+        if x3 >= 0:
+            detail += f"; the value on that diagonal was written downstream, at position {x3}"
+    elif kind == core.H_TWO_WRITERS:
+        expected = "one value per stream position"
+        detail = (f"on {_stream_name(x0, x1)} diagonal {x2} (already written by instruction {int(s.src[x3])}: "
+                  f"{O.OPS[s.op[x3]].name} at cycle {int(s.cycle[x3])})")
+    elif kind == core.H_BANK:
+        expected = "one access per bank per cycle"
+        detail = f"on slice {x0} bank {x1}"
+    elif kind == core.H_ADDR:
+        expected = f"bank < {m.banks_per_slice}, address < {m.addresses_per_bank}"
+        detail = f"on slice {x0}: bank {x1} address {x2} (expected {expected})"
+    elif kind == core.H_BUSY:
+        expected = f"issue at cycle {x1} or later"
+        detail = f"on MXM plane {x0}, busy until cycle {x1}"
+    elif kind == core.H_NOT_READY:
+        expected = f"issue at cycle {x2} or later"
+        detail = f"accumulator row {x1} of MXM plane {x0} is ready at cycle {x2}"
+    elif kind == core.H_DTYPE:
+        expected = _dtype_name(x1)
+        detail = f"{_dtype_name(x0)} where the unit holds {expected}"
+    else:
+        expected = f"a valid '{op.fields[x0][0]}'"
+        detail = f"field '{op.fields[x0][0]}' = {x1}"
+    line = int(program.line[src])
+    text = program.source_line(line)
+    where = f"instruction {src}: {op.name}" + (f" repetition {int(s.repeat[i])}" if s.repeat[i] else "")
+    if line:
+        where += f", DSL line {line}" + (f" '{text}'" if text else "")
+    qname = m.queues[s.queue[i]][0]
+    return HazardError(f"hazard at cycle {cycle} on {qname} ({where}): {HAZARD_TEXT[kind]} {detail}",
+                       cycle, qname, src, op.name, line, HAZARD_KIND[kind], expected)
+
+
+def run(program: Program, values: dict, trace: bool = False) -> RunResult:
+    """Run `program` on `values` (every input, weight and state tensor, by name)."""
+    m = program.machine
+    mem = load(program, values)
+    s = schedule(program)
+    tables = np.ascontiguousarray(program.tables, np.int64)
+    if tables.ndim != 2 or tables.shape[1] != m.lanes:
+        raise LpuError(f"bad program: SXM tables have shape {tables.shape}, expected [n, {m.lanes}]")
+    qidx = np.array([q[2] for q in m.queues], np.int64)
+    qpos = np.array([q[4] for q in m.queues], np.int64)
+    ring = 64
+    while ring < 2 * (m.n_positions + max(m.latency.values()) + 1):
+        ring *= 2
+    hz = np.zeros(8, np.int64)
+    counters = np.zeros(core.N_COUNTERS, np.int64)
+    core.execute(s.cycle, CORE_OP[s.op], s.queue.astype(np.int64), s.args, s.latency, qidx, qpos,
+                 m.lanes, m.streams_per_direction, ring, m.mxm_planes, m.acc_rows, m.f16_pair_cycles,
+                 mem, tables, F16_TO_F32, hz, counters)
+    if hz[0] != core.H_NONE:
+        raise _hazard(program, s, hz)
+    cycles = s.cycles + m.icu_skew if len(s.cycle) else 0
+    busy = {"mem": int(counters[core.K_BANK_ACCESSES]), "vxm": int(counters[core.K_VXM_BUSY]),
+            "mxm": int(counters[core.K_MXM_BUSY]), "sxm": int(counters[core.K_SXM_BUSY])}
+    units = {"mem": m.mem_slices * m.banks_per_slice, "vxm": m.vxm_alus, "mxm": m.mxm_planes,
+             "sxm": 2 * m.sxm_queues_per_hemisphere}
+    counts = dict(busy, macs=int(counters[core.K_MACS]), sram_read_bytes=int(counters[core.K_SRAM_READ]),
+                  sram_written_bytes=int(counters[core.K_SRAM_WRITTEN]),
+                  queue_instructions=np.bincount(s.queue, minlength=len(m.queues)))
+    util = {k: (busy[k] / (cycles * units[k]) if cycles else 0.0) for k in ("mxm", "vxm", "mem", "sxm")}
+    return RunResult(
+        outputs={y.name: _fetch(mem, y, m) for y in program.symbols if y.kind == "output"},
+        states={y.name: _fetch(mem, y, m) for y in program.symbols if y.kind == "state"},
+        cycles=cycles, instructions=len(s.cycle), counters=counts, utilization=util,
+        trace=Trace(s.cycle, s.src, s.repeat) if trace else None)
