@@ -277,6 +277,7 @@ class _Assembler:
     def __init__(self):
         self.name = self.config = self.machine = None
         self.n = 0         # the text line being read
+        self.machine_line = 1   # where .machine / .config is
         self.queue = None
         self.cycles, self.source, self.srclines = 0, "", []
         self.symbols, self.tables, self.nodes = [], [], []
@@ -309,7 +310,7 @@ class _Assembler:
             if self.config is not None or self.machine is not None:
                 raise _LineError(".config must come once, before the machine is used")
             try:
-                self.config = json.loads(rest)
+                self.config, self.machine_line = json.loads(rest), self.n
             except json.JSONDecodeError as e:
                 raise _LineError(f".config is not valid JSON: {e}") from None
             return
@@ -326,7 +327,7 @@ class _Assembler:
         if word == ".machine":
             if self.name is not None:
                 raise _LineError(f"a second .machine directive (the first named '{self.name}')")
-            self.name = toks[0]
+            self.name, self.machine_line = toks[0], self.n
         elif word == ".cycles":
             self.cycles = _int(toks[0], ".cycles")
         elif word == ".source":
@@ -417,7 +418,7 @@ def assemble(text: str, name: str = "<asm>") -> Program:
         try:
             a.need_machine()
         except _LineError as e:
-            errors.append(f"{name}:{n}: {e}")
+            errors.append(f"{name}:{a.machine_line}: {e}")
     if not errors:
         rows = a.rows
         cols = [np.array([r[k] for r in rows], np.int64).reshape((len(rows), NARGS) if k == 3 else (len(rows),))
