@@ -82,7 +82,7 @@ I, R, T, F = "int", "ref", "dtype", "f32"
 # --- ICU (any queue) ---------------------------------------------------------------------------
 NOP = _op("NOP", UNIT_ICU, [("n", I)], doc="the queue idles n cycles")
 REPEAT = _op("REPEAT", UNIT_ICU, [("n", I), ("d", I)],
-             doc="issue the previous instruction n more times, d cycles apart, its addr/row/acc field +1 each time")
+             doc="issue the previous instruction n more times, d cycles apart, its addr/row/acc/col field +1 each time")
 SYNC = _op("SYNC", UNIT_ICU, [], doc="first instruction of a queue: wait for NOTIFY (all queues start at cycle 0)")
 NOTIFY = _op("NOTIFY", UNIT_ICU, [], doc="release every queue waiting in SYNC")
 # --- MEM (queue of a slice; either port may address either bank) ------------------------------
@@ -103,7 +103,8 @@ ABC = _op("ABC", UNIT_MXM, [("inp", R), ("acc", I), ("accum", I)], "mxm_abc", 1,
           doc="acc[acc] (+)= inp @ weights: f64 dot rounded to f32 once (f16), or exact i32 (i8)")
 ACC = _op("ACC", UNIT_MXM, [("acc", I), ("out", R)], "mxm_acc", 0, role=2,
           doc="put accumulator row acc (f32 or i32) on stream out")
-# --- VXM (queue of an ALU); compute in f32 if any operand or the result is a float, else i32;
+# --- VXM (queue of an ALU); compute in f32 if any operand or the result is a float, else i32
+#     (wrapping; DIV truncates toward zero, x / 0 = 0); EXP .. GELU always compute in f32;
 #     lanes >= nv of the result are 0 -------------------------------------------------------
 _BIN = [("a", R), ("b", R), ("out", R), ("nv", I), ("imm", F), ("bimm", I)]
 _UN = [("a", R), ("out", R), ("nv", I)]
@@ -137,9 +138,9 @@ BY_NAME = {s.name: s for s in OPS}
 TRANSCENDENTAL = frozenset(s.code for s in OPS if s.latency == "vxm_transcendental")
 SXM_TRANSPOSE_BUFFERS = 4   # one per byte plane of the widest dtype
 
-# which field of an op is bumped by REPEAT (address, row or accumulator), -1 none
+# which field of an op is bumped by REPEAT (address, row, accumulator or column), -1 none
 REPEAT_FIELD = tuple(
-    next((i for i, (n, _) in enumerate(s.fields) if n in ("addr", "row", "acc")), -1) for s in OPS
+    next((i for i, (n, _) in enumerate(s.fields) if n in ("addr", "row", "acc", "col")), -1) for s in OPS
 )
 
 
