@@ -24,3 +24,11 @@ class BinaryError(LpuError):
 
 class AsmError(LpuError):
     """An assembly text file has an error (reported with file:line)."""
+
+
+class CapacityError(LpuError):
+    """A program does not fit the machine (info: bytes_needed, bytes_available, chips_needed)."""
+
+
+class UnsupportedError(LpuError):
+    """A construct the back end cannot lower (reported at its source line)."""

@@ -1,0 +1,99 @@
+"""SRAM allocation: where every vector of every tensor lives.
+
+SRAM is seen as one space of *plane slots*, each one byte plane of one vector (lanes bytes)
+at one (slice, bank, address). Slot g is in row r = g // slices, slice g % slices, with rows
+alternating banks (bank = r % banks, address = r // banks): consecutive slots sit in
+different slices, so the planes of a vector and neighbouring vectors can be read in the same
+cycle. A vector of a w-byte dtype takes w consecutive slots starting at a multiple of w within a
+4-aligned range, so its planes stay in one hemisphere (slices per hemisphere is a multiple of
+4) and can travel as one stream group.
+
+Persistent tensors (inputs, weights, states, constants, outputs) are placed first and never
+freed; temporaries are placed first-fit in program order and freed after their last use, so
+dead regions are reused. A tensor's storage is an array of base slots, one per vector, shaped
+like its vector grid (leading axes..., chunks); views (slices, reshapes, transposes that keep the
+last axis) are index operations on that array and need no copy.
+"""
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from isa.errors import CapacityError
+
+ALIGN = 4
+
+
+class SlotAllocator:
+    def __init__(self, machine):
+        self.m = machine
+        self.slices = machine.mem_slices
+        self.capacity = machine.mem_slices * machine.banks_per_slice * machine.addresses_per_bank
+        self.free: list[list[int]] = [[0, self.capacity]]   # sorted [start, length]
+        self.persistent = 0
+        self.in_use = 0
+        self.peak = 0
+
+    def alloc(self, n: int, what: str = "") -> int:
+        n = -(-n // ALIGN) * ALIGN
+        for i, (start, length) in enumerate(self.free):
+            if length >= n:
+                if length == n:
+                    self.free.pop(i)
+                else:
+                    self.free[i] = [start + n, length - n]
+                self.in_use += n
+                self.peak = max(self.peak, self.in_use)
+                return start
+        raise CapacityError(
+            f"out of SRAM while placing {what or 'a temporary'}: {n * self.m.lanes:,} bytes needed, "
+            f"{self.largest_free() * self.m.lanes:,} bytes free in one piece "
+            f"({self.in_use * self.m.lanes:,} of {self.m.sram_bytes:,} bytes in use)",
+            bytes_needed=(self.in_use + n) * self.m.lanes, bytes_available=self.m.sram_bytes,
+            chips_needed=-(-(self.in_use + n) * self.m.lanes // self.m.sram_bytes))
+
+    def release(self, start: int, n: int):
+        n = -(-n // ALIGN) * ALIGN
+        self.in_use -= n
+        i = bisect.bisect_left(self.free, [start, 0])
+        self.free.insert(i, [start, n])
+        # coalesce with neighbours
+        if i + 1 < len(self.free) and self.free[i][0] + self.free[i][1] == self.free[i + 1][0]:
+            self.free[i][1] += self.free.pop(i + 1)[1]
+        if i > 0 and self.free[i - 1][0] + self.free[i - 1][1] == self.free[i][0]:
+            self.free[i - 1][1] += self.free.pop(i)[1]
+
+    def largest_free(self) -> int:
+        return max((length for _, length in self.free), default=0)
+
+    # ---- slot geometry -----------------------------------------------------------------------
+    def where(self, slots: np.ndarray):
+        """(slice, bank, address) arrays of plane slots."""
+        row = slots // self.slices
+        return slots % self.slices, row % self.m.banks_per_slice, row // self.m.banks_per_slice
+
+    def bank_id(self, slot: int) -> int:
+        row = slot // self.slices
+        return (slot % self.slices) * self.m.banks_per_slice + row % self.m.banks_per_slice
+
+
+def grid_shape(shape: tuple, lanes: int) -> tuple:
+    """Shape of the vector grid: leading axes, then chunks of the last axis ([1, C] for 1-D)."""
+    if len(shape) == 0:
+        return (1, 1)
+    lead = tuple(shape[:-1]) if len(shape) > 1 else (1,)
+    return lead + (max(1, -(-shape[-1] // lanes)),)
+
+
+def layout(start: int, shape: tuple, width: int, lanes: int, chunk_major: bool) -> np.ndarray:
+    """Base slots of a fresh tensor: vector i of the chosen order at start + i * width.
+    chunk_major orders vectors (leading..., chunk, row) so that a weight's K-tile rows for one
+    output chunk are consecutive (one per slice): the MXM loads them without bank conflicts."""
+    g = grid_shape(shape, lanes)
+    n = int(np.prod(g))
+    if not chunk_major or len(g) < 2:
+        return (start + np.arange(n, dtype=np.int64) * width).reshape(g)
+    lead, rows, chunks = g[:-2], g[-2], g[-1]
+    order = np.arange(n, dtype=np.int64).reshape(lead + (chunks, rows))
+    return (start + np.swapaxes(order, -1, -2) * width).reshape(g)

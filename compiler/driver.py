@@ -1,0 +1,58 @@
+"""The compiler as a list of named passes: elaborate -> plan -> lower (with alloc) ->
+schedule -> codegen. `compile_graph` runs the back end on an IR graph; `compile_source` and
+`compile_file` start from DSL text."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from compiler.codegen import codegen
+from compiler.ir import IRGraph
+from compiler.lower import lower
+from compiler.schedule import Scheduler
+from isa.machine import MachineConfig
+from isa.program import Program
+
+
+@dataclass
+class CompileStats:
+    pass_seconds: dict = field(default_factory=dict)
+    chains: int = 0
+    sram_peak_bytes: int = 0
+
+
+def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None) -> Program:
+    stats = stats if stats is not None else CompileStats()
+    t0 = time.perf_counter()
+    low = lower(graph, machine)
+    t1 = time.perf_counter()
+    sched = Scheduler(machine)
+    for ch in low.chains:
+        sched.place(ch)
+    t2 = time.perf_counter()
+    nodes = [(n.op, n.line) for n in graph.nodes()]
+    prog = codegen(machine, sched.out, low.symbols, low.ctx.table_array(), nodes,
+                   sched.predicted_cycles(), graph.source_name, graph.source_lines())
+    t3 = time.perf_counter()
+    stats.pass_seconds.update(lower=t1 - t0, schedule=t2 - t1, codegen=t3 - t2)
+    stats.chains = len(low.chains)
+    stats.sram_peak_bytes = low.alloc.peak * machine.lanes
+    return prog
+
+
+def compile_source(text: str, name: str = "<string>", params=None, machine: MachineConfig | None = None,
+                   stats: CompileStats | None = None) -> tuple[Program, IRGraph]:
+    from compiler.frontend import elaborate_source
+    machine = machine or MachineConfig.load("tsp-v1")
+    t0 = time.perf_counter()
+    graph = elaborate_source(text, name, params or {})
+    stats = stats if stats is not None else CompileStats()
+    stats.pass_seconds["elaborate"] = time.perf_counter() - t0
+    return compile_graph(graph, machine, stats), graph
+
+
+def compile_file(path: str, params=None, machine: MachineConfig | None = None,
+                 stats: CompileStats | None = None) -> tuple[Program, IRGraph]:
+    with open(path) as f:
+        text = f.read()
+    return compile_source(text, path, params, machine, stats)

@@ -1,0 +1,120 @@
+"""Lowering of matmul onto the MXM planes.
+
+i8 @ i8 runs on single planes (4 units on tsp-v1); f16 @ f16 on plane pairs (2 units), the
+even plane of a pair named in the instructions. Work is split into jobs, one per (output chunk
+of lanes columns, block of up to `acc_rows` rows); each job runs on one unit:
+
+    for each K-tile kt:
+        LW  the tile's rows of B (lanes rows of one output chunk) into the weight buffer
+        IW  install it (transposed when B is a transposed operand: rows of B.T are columns)
+        ABC one per row of the block, accumulating into the row's accumulator (reset at kt=0)
+    ACC + WRITE each row
+
+The LWs of the next tile fill the buffer while the current tile computes (the scheduler's
+markers order LW after the previous IW, and IW after the tile's LWs and the previous ABCs).
+Operands that are f32 are rounded to f16 first (a CONV pass into a temporary).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.chains import ChainBuilder
+from isa import opcodes as O
+from isa.opcodes import DTYPE_CODE, dtype_width
+
+
+def _as_mxm_dtype(lw, n, nid, target):
+    """Grid of operand nid in `target` dtype (converting into a temporary if needed)."""
+    from compiler.lower_ops import copy
+    src = lw.g.node(nid)
+    grid = lw.grid[nid]
+    if src.dtype == target:
+        return grid, None
+    tgrid, region = lw.temp(src.shape, target)
+    copy(lw, src, grid, tgrid, target, n)
+    return tgrid, region
+
+
+def lower_matmul(lw, n):
+    g, m, c = lw.g, lw.m, lw.ctx
+    a_id, b_id = n.inputs
+    trans = lw.plan.kind[b_id] == "mxm_t"
+    b_src = g.node(b_id).inputs[0] if trans else b_id
+    is_int = n.dtype == "i32"
+    mdt = "i8" if is_int else "f16"
+    agrid, ar = _as_mxm_dtype(lw, n, a_id, mdt)
+    bgrid, br = _as_mxm_dtype(lw, n, b_src, mdt)
+    out = lw.grid[n.id]
+    an = g.node(a_id)
+    K = an.shape[-1]
+    N = n.shape[-1]
+    M = an.shape[-2] if len(an.shape) >= 2 else 1
+    o3 = out.reshape((-1,) + out.shape[-2:])
+
+    def as3(grid):
+        g3 = grid.reshape((-1,) + grid.shape[-2:])
+        return np.broadcast_to(g3, (o3.shape[0],) + g3.shape[1:]) if g3.shape[0] == 1 else g3
+
+    a3, b3 = as3(agrid), as3(bgrid)
+    for bi in range(o3.shape[0]):
+        _matmul2d(lw, n, a3[bi], b3[bi], o3[bi], M, K, N, mdt, trans)
+    for r in (ar, br):
+        if r is not None:
+            lw.free_temp(r)
+
+
+def _units(lw, mdt):
+    m = lw.m
+    if mdt == "i8":
+        return list(range(m.mxm_planes)), 1, False
+    return list(range(0, m.mxm_planes, 2)), m.f16_pair_cycles, True
+
+
+def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans):
+    c, m = lw.ctx, lw.m
+    lanes = lw.lanes
+    units, hold, pair = _units(lw, mdt)
+    w = dtype_width(mdt)
+    dt = DTYPE_CODE[mdt]
+    odt = DTYPE_CODE["i32" if mdt == "i8" else "f32"]
+    ktiles = -(-K // lanes)
+    nchunks = -(-N // lanes)
+    zero = lw.zero_vector()
+    jobs = [(nt, m0) for nt in range(nchunks) for m0 in range(0, M, m.acc_rows)]
+    busy = {u: 0 for u in units}
+    for ji, (nt, m0) in enumerate(jobs):
+        u = min(units, key=lambda x: (busy[x], x))
+        busy[u] += 1
+        rows = range(m0, min(M, m0 + m.acc_rows))
+        pos = m.mxm_pos(u)
+        for kt in range(ktiles):
+            # LW: the rows of this K-tile for output chunk nt
+            if trans:      # B = X.T with X [N, K]: buffer row r = X row nt*lanes + r, chunk kt
+                nrows = lanes
+                srcs = [int(bgrid[nt * lanes + r, kt]) if nt * lanes + r < N else zero for r in range(nrows)]
+            else:          # B [K, N]: buffer row r = B row kt*lanes + r, chunk nt
+                nrows = min(lanes, K - kt * lanes)
+                srcs = [int(bgrid[kt * lanes + r, nt]) for r in range(nrows)]
+            for r, src in enumerate(srcs):
+                cb = ChainBuilder(c, n.line, n.id)
+                gi = cb.read(src, w, pos, 0)
+                cb.lw(u, 0, r, (gi, dt), after=((("iw", u), 1),), mark=((("lw", u), 0),))
+                lw.chains.append(cb.chain())
+            cb = ChainBuilder(c, n.line, n.id)
+            cb.iw(u, 0, dt, 1 if trans else 0, after=((("lw", u), 1), (("abc", u), hold)),
+                  mark=((("iw", u), 0),), pair=pair)
+            lw.chains.append(cb.chain())
+            for mi, row in enumerate(rows):
+                cb = ChainBuilder(c, n.line, n.id)
+                gi = cb.read(int(agrid[row, kt]), w, pos, 0)
+                after = [(("iw", u), 1)]
+                if kt == 0:
+                    after.append((("acc", u, mi), 1))
+                cb.abc(u, 0, (gi, dt), mi, 1 if kt else 0, after=tuple(after),
+                       mark=((("abc", u), 0), (("abcrow", u, mi), c.lat[O.ABC])), hold=hold, pair=pair)
+                lw.chains.append(cb.chain())
+        for mi, row in enumerate(rows):
+            cb = ChainBuilder(c, n.line, n.id)
+            go = cb.write(int(ogrid[row, nt]), 4, pos, c.lat[O.ACC])
+            cb.acc(u, 0, mi, (go, odt), after=((("abcrow", u, mi), 0),), mark=((("acc", u, mi), 0),))
+            lw.chains.append(cb.chain())

@@ -1,0 +1,176 @@
+"""Data movement between lanes: lane assembly (slices, concats, reshapes, rotate-half),
+transposes through the SXM transpose buffers, and rope.
+
+Lane assembly: every output vector is a sum of pieces, one per source vector it draws from;
+a piece is SXM PERMUTE(source, table) with the table selecting exactly the lanes wanted (the
+others 0), so the VXM adds are exact.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.alloc import grid_shape
+from compiler.chains import ChainBuilder
+from isa import opcodes as O
+from isa.errors import UnsupportedError
+from isa.opcodes import DTYPE_CODE, dtype_width
+
+
+def source_map(lw, n):
+    """(input node ids, src_in, src_flat): for every output element (row-major), which input
+    and which flat element of it it copies."""
+    g = lw.g
+    if n.op == "slice":
+        x = g.node(n.inputs[0])
+        sel = tuple(e if isinstance(e, int) else slice(e[0], e[1]) for e in n.attrs["index"])
+        flat = np.arange(x.size, dtype=np.int64).reshape(x.shape)[sel].reshape(-1)
+        return [x.id], np.zeros(flat.size, np.int64), flat
+    if n.op == "reshape":
+        x = g.node(n.inputs[0])
+        return [x.id], np.zeros(x.size, np.int64), np.arange(x.size, dtype=np.int64)
+    if n.op == "concat":
+        ax = n.attrs["axis"]
+        ids, flats = [], []
+        for k, i in enumerate(n.inputs):
+            x = g.node(i)
+            ids.append(np.full(x.shape, k, np.int64))
+            flats.append(np.arange(x.size, dtype=np.int64).reshape(x.shape))
+        return list(n.inputs), np.concatenate(ids, axis=ax).reshape(-1), np.concatenate(flats, axis=ax).reshape(-1)
+    raise AssertionError(n.op)
+
+
+def assemble(lw, n, smap, dst=None, dtype=None):
+    """Build every vector of `dst` (default: the node's own grid) from the source map."""
+    ids, src_in, src_flat = smap
+    lanes = lw.lanes
+    dst = lw.grid[n.id] if dst is None else dst
+    dtype = n.dtype if dtype is None else dtype
+    shape = n.shape if n.shape else (1,)
+    C = shape[-1]
+    rows = dst.reshape(-1, dst.shape[-1])
+    srcs = []
+    for i in ids:
+        x = lw.g.node(i)
+        xs = x.shape if x.shape else (1,)
+        srcs.append((lw.grid[i].reshape(-1, lw.grid[i].shape[-1]), xs[-1], x.dtype))
+    add = O.VXM_BINARY["ADD"]
+    for r in range(rows.shape[0]):
+        for j in range(rows.shape[1]):
+            nv = max(0, min(lanes, C - j * lanes))
+            e = r * C + j * lanes + np.arange(nv)
+            ks, fs = src_in[e], src_flat[e]
+            first = True
+            for k in np.unique(ks):
+                sel = ks == k
+                sgrid, sc, sdt = srcs[k]
+                f = fs[sel]
+                vec = (f // sc) * sgrid.shape[1] + (f % sc) // lanes
+                lane = (f % sc) % lanes
+                outl = np.nonzero(sel)[0]
+                for v in np.unique(vec):
+                    pick = vec == v
+                    table = np.full(lanes, -1, np.int64)
+                    table[outl[pick]] = lane[pick]
+                    t = lw.ctx.table(table)
+                    src = int(sgrid.reshape(-1)[v])
+                    if first:
+                        _permute(lw, n, src, int(rows[r, j]), sdt, t)
+                        first = False
+                    else:
+                        from compiler.lower_ops import sxm_vxm_chain
+                        sxm_vxm_chain(lw, n, O.PERMUTE, t, src, add, (int(rows[r, j]), dtype),
+                                      int(rows[r, j]), sdt, dtype, nv)
+            if first:   # nothing to copy (an empty vector): write zeros
+                _permute(lw, n, lw.zero_vector(), int(rows[r, j]), dtype, lw.ctx.table([-1] * lanes))
+
+
+def _permute(lw, n, src, dst, dtype, table):
+    from compiler.lower_ops import sxm_chain
+    sxm_chain(lw, n, O.PERMUTE, src, dst, dtype, table)
+
+
+def transpose_last2(lw, n):
+    nd = len(n.shape)
+    perm = list(n.attrs["perm"])
+    if perm != list(range(nd - 2)) + [nd - 1, nd - 2]:
+        raise UnsupportedError(f"transpose with permutation {perm} (only the last two axes, or axes that keep the last)")
+    x = lw.g.node(n.inputs[0])
+    transpose_grid(lw, n, lw.grid[x.id], x.shape, lw.grid[n.id], x.dtype)
+
+
+def transpose_grid(lw, n, src, shape, dst, dtype):
+    """dst[..., c, r] = src[..., r, c] through the SXM transpose buffers, one lanes x lanes
+    block at a time, alternating the two SXMs."""
+    c = lw.ctx
+    lanes = lw.lanes
+    R, C = shape[-2], shape[-1]
+    w, dt = dtype_width(dtype), DTYPE_CODE[dtype]
+    s3 = src.reshape((-1,) + src.shape[-2:])
+    d3 = dst.reshape((-1,) + dst.shape[-2:])
+    vpos = c.m.vxm_pos
+    conv = O.VXM_UNARY["CONV"]
+    for b in range(s3.shape[0]):
+        for rb in range(-(-R // lanes)):
+            for cbk in range(-(-C // lanes)):
+                h = c.next_sxm()
+                spos = c.m.sxm_pos(h)
+                nr = min(lanes, R - rb * lanes)
+                for r in range(nr):
+                    cb = ChainBuilder(c, n.line, n.id)
+                    gi = cb.read(int(s3[b, rb * lanes + r, cbk]), w, spos, 0)
+                    cb.tpin(h, 0, (gi, dt), r, after=((("tpout", h), 1),), mark=((("tpin", h), 0),))
+                    lw.chains.append(cb.chain())
+                for col in range(min(lanes, C - cbk * lanes)):
+                    cb = ChainBuilder(c, n.line, n.id)
+                    out = int(d3[b, cbk * lanes + col, rb])
+                    after, mark = ((("tpin", h), 1),), ((("tpout", h), 0),)
+                    if nr == lanes:
+                        go = cb.write(out, w, spos, c.lat[O.TPOUT])
+                        cb.tpout(h, 0, col, (go, dt), after, mark)
+                    else:   # stale buffer rows past nr: zero those lanes on the VXM
+                        t0 = -(c.lat[O.TPOUT] + abs(vpos - spos))
+                        gl = cb.link(spos, vpos, 0, w)
+                        cb.tpout(h, t0, col, (gl, dt), after, mark)
+                        go = cb.write(out, w, vpos, c.lat[conv])
+                        cb.vxm(conv, 0, (gl, dt), None, (go, dt), nv=nr)
+                    lw.chains.append(cb.chain())
+
+
+def rope_tables(shape, pos, theta):
+    """cos and signed sin tables [R, HD] in f32, exactly as the reference computes them."""
+    R, HD = shape[-2], shape[-1]
+    half = HD // 2
+    inv = theta ** (-(2.0 * np.arange(half, dtype=np.float64)) / HD)
+    ang = np.arange(pos, pos + R, dtype=np.float64)[:, None] * inv[None, :]
+    cos = np.cos(ang).astype(np.float32)
+    sin = np.sin(ang).astype(np.float32)
+    return np.concatenate([cos, cos], axis=1), np.concatenate([-sin, sin], axis=1)
+
+
+def rope(lw, n):
+    """out = x * cos + rotate_half(x) * sin, rotate_half by lane assembly (its sign folded into
+    the sin table), the products and the sum on the VXM in f32."""
+    from compiler.lower_ops import vxm_chain
+    x = lw.g.node(n.inputs[0])
+    HD = x.shape[-1]
+    if HD % 2:
+        raise UnsupportedError("rope of an odd last dimension")
+    idx = np.arange(x.size, dtype=np.int64).reshape(x.shape)
+    rotated = np.concatenate([idx[..., HD // 2:], idx[..., :HD // 2]], axis=-1).reshape(-1)
+    rot, rr = lw.temp(x.shape, x.dtype)
+    assemble(lw, n, ([x.id], np.zeros(x.size, np.int64), rotated), dst=rot, dtype=x.dtype)
+    cos, sin = rope_tables(x.shape, n.attrs.get("pos", 0), n.attrs.get("theta", 10000.0))
+    cg = lw.const_region(f"__rope_cos{n.id}", cos, "f32")
+    sg = lw.const_region(f"__rope_sin{n.id}", sin, "f32")
+    xg, out = lw.grid[x.id], lw.grid[n.id]
+    t1, r1 = lw.temp(x.shape, "f32")
+    t2, r2 = lw.temp(x.shape, "f32")
+    cgb, sgb = np.broadcast_to(cg, out.shape), np.broadcast_to(sg, out.shape)
+    mul, add = O.VXM_BINARY["MUL"], O.VXM_BINARY["ADD"]
+    for ix in np.ndindex(out.shape):
+        nv = max(0, min(lw.lanes, HD - ix[-1] * lw.lanes))
+        vxm_chain(lw, n, mul, int(t1[ix]), "f32", nv, (int(xg[ix]), x.dtype), (int(cgb[ix]), "f32"))
+        vxm_chain(lw, n, mul, int(t2[ix]), "f32", nv, (int(rot[ix]), x.dtype), (int(sgb[ix]), "f32"))
+        vxm_chain(lw, n, add, int(out[ix]), n.dtype, nv, (int(t1[ix]), "f32"), (int(t2[ix]), "f32"))
+    for r in (rr, r1, r2):
+        lw.free_temp(r)

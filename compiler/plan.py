@@ -1,0 +1,122 @@
+"""Pass `plan`: decide for every IR node how it is stored.
+
+  persistent  inputs, weights, states, non-scalar constants: placed first, never freed
+  imm         scalar constants: folded into VXM instructions as immediates
+  view        an index operation on another node's vector grid (slices and concats on whole
+              chunks, integer indexes, reshapes and transposes that keep the last axis): no code
+  mxm_t       a transpose whose every user is a matmul taking it as its right operand: the MXM
+              installs the weights transposed (IW trans=1), so nothing is materialized
+  alias       a `store`: the new state version lives in the state's own region
+  temp        everything else: computed into a fresh region, freed after its last use
+
+It also finds each temporary region's last use (through views) so that `lower` can free it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.ir import IRGraph
+
+
+@dataclass
+class Plan:
+    kind: dict          # node id -> storage kind
+    base: dict          # node id -> node id owning the region it lives in
+    last_use: dict      # owning node id -> last node id (program order) that reads it
+    outputs_alias: dict  # output node id -> True if it takes over its source's region
+
+
+def _aligned_last(node, src_shape, lanes) -> bool:
+    """A slice whose last-axis entry keeps whole chunks."""
+    idx = node.attrs["index"]
+    last = idx[len(src_shape) - 1] if len(idx) >= len(src_shape) else None
+    if last is None:
+        return True
+    if isinstance(last, int):
+        return False
+    start, stop = last
+    c = src_shape[-1]
+    return (start, stop) == (0, c) or (start % lanes == 0 and (stop == c or stop % lanes == 0))
+
+
+def make_plan(graph: IRGraph, lanes: int) -> Plan:
+    kind, base = {}, {}
+    nodes = graph.nodes()
+    store_ids: dict[str, list[int]] = {}
+    for n in nodes:
+        if n.op == "store":
+            store_ids.setdefault(n.attrs["name"], []).append(n.id)
+
+    def is_view(n) -> bool:
+        src = graph.node(n.inputs[0]) if n.inputs else None
+        if n.op == "slice":
+            return _aligned_last(n, src.shape, lanes)
+        if n.op == "reshape":
+            return len(src.shape) > 0 and len(n.shape) > 0 and src.shape[-1] == n.shape[-1]
+        if n.op == "transpose":
+            return n.attrs["perm"][-1] == len(n.shape) - 1
+        if n.op == "concat":
+            ax = n.attrs["axis"]
+            if ax != len(n.shape) - 1:
+                return True
+            return all(graph.node(i).shape[-1] % lanes == 0 for i in n.inputs[:-1])
+        return False
+
+    for n in nodes:
+        if n.op in ("input", "weight", "state"):
+            kind[n.id], base[n.id] = "persistent", n.id
+        elif n.op == "const":
+            kind[n.id] = "imm" if n.size == 1 and len(n.shape) <= 2 else "persistent"
+            base[n.id] = n.id
+        elif n.op == "store":
+            kind[n.id], base[n.id] = "alias", base[n.inputs[0]]
+        elif n.op == "output":
+            kind[n.id], base[n.id] = "output", n.id
+        elif n.op == "transpose" and _mxm_transposable(graph, n):
+            kind[n.id], base[n.id] = "mxm_t", base[n.inputs[0]]
+        elif is_view(n) and n.op != "concat":
+            kind[n.id], base[n.id] = "view", base[n.inputs[0]]
+        elif n.op == "concat" and is_view(n) and len({base[i] for i in n.inputs}) == 1:
+            kind[n.id], base[n.id] = "view", base[n.inputs[0]]
+        else:
+            kind[n.id], base[n.id] = "temp", n.id
+    # a view of a state version read after a later store to that state must be a copy
+    for n in nodes:
+        if kind[n.id] == "view":
+            root = _root(graph, kind, n.id)
+            rn = graph.node(root)
+            if rn.op in ("state", "store"):
+                name = rn.attrs["name"]
+                last = max(graph.users(n.id), default=n.id)
+                if any(root < s < last for s in store_ids.get(name, [])) or n.id in graph.outputs.values():
+                    kind[n.id], base[n.id] = "temp", n.id
+    last_use: dict[int, int] = {}
+    for n in nodes:
+        for i in n.inputs:
+            b = base.get(i, i)
+            last_use[b] = max(last_use.get(b, -1), n.id)
+    outputs_alias = {}
+    claimed = set()
+    for name, oid in graph.outputs.items():
+        src = graph.node(oid).inputs[0]
+        ok = kind[src] == "temp" and src not in claimed
+        outputs_alias[oid] = ok
+        if ok:
+            claimed.add(src)
+    return Plan(kind, base, last_use, outputs_alias)
+
+
+def _root(graph, kind, nid):
+    while kind[nid] == "view":
+        nid = graph.node(nid).inputs[0]
+    return nid
+
+
+def _mxm_transposable(graph, n) -> bool:
+    nd = len(n.shape)
+    if nd < 2 or list(n.attrs["perm"]) != list(range(nd - 2)) + [nd - 1, nd - 2]:
+        return False
+    users = graph.users(n.id)
+    return bool(users) and all(
+        graph.node(u).op == "matmul" and graph.node(u).inputs[1] == n.id and graph.node(u).inputs[0] != n.id
+        for u in users)

@@ -1,0 +1,249 @@
+"""Pass `schedule`: place chains of instructions on cycles, respecting every timing rule.
+
+There are no interlocks on this machine: a value on a stream passes a position in exactly one
+cycle, so a producer and its consumers form a rigid *chain* whose instructions sit at fixed
+offsets from one anchor cycle T. The scheduler places chains one by one (in program order) at
+the earliest T at which
+
+  - every instruction's queue (or one of its alternative queues) is free at T + offset, and so
+    are the extra queue cycles it reserves (an f16 product holds a plane pair 2 cycles);
+  - every MEM bank it touches is free in that cycle (one access per bank per cycle);
+  - every stream group (direction, diagonal T + koff, width w) finds w consecutive streams free
+    on its diagonal (one value per stream position);
+  - data is ready: an SRAM plane is read only after it was written (RAW), written only after
+    the previous occupant's last read and write (WAR, WAW), and unit state is used in order
+    (markers: LW after the previous IW, IW after the LWs and the last ABC, ACC after its
+    accumulator row is ready, ...).
+
+The result is a list of placed instructions (cycle, queue, opcode, args, line, node), which
+`codegen` turns into per-queue streams with NOP padding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from isa.opcodes import OPS, latency_table
+
+BIG = 1 << 32
+
+
+@dataclass(slots=True)
+class Ins:
+    """One instruction of a chain. `args` holds plain ints; `patch` lists (arg index, group,
+    plane offset, dtype code) for stream refs filled in when the group gets its streams."""
+    queues: tuple          # alternative queues (the first free one is taken)
+    off: int               # cycle offset from the chain's anchor T
+    op: int
+    args: list
+    patch: tuple = ()
+    bank: int = -1         # global bank id (slice * banks + bank), -1 if none
+    reads: tuple = ()      # SRAM plane slots read
+    writes: tuple = ()     # SRAM plane slots written
+    after: tuple = ()      # ((marker key, delta), ...): T + off >= marker + delta
+    mark: tuple = ()       # ((marker key, add), ...): marker = max(marker, T + off + add)
+    extra: tuple = ()      # ((queue, off), ...) additional queue cycles held
+
+
+@dataclass(slots=True)
+class Chain:
+    ins: list
+    groups: list           # [(dir, koff, width)]: diagonal k = T + koff
+    line: int = 0
+    node: int = -1
+
+
+@dataclass
+class Placed:
+    cycle: list = field(default_factory=list)
+    queue: list = field(default_factory=list)
+    op: list = field(default_factory=list)
+    args: list = field(default_factory=list)
+    line: list = field(default_factory=list)
+    node: list = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, machine):
+        self.m = machine
+        self.nstreams = machine.streams_per_direction
+        self.lat = latency_table(machine)
+        self.qbusy: set[int] = set()        # queue * BIG + cycle
+        self.bbusy: set[int] = set()        # bank * BIG + cycle
+        self.streams: dict[int, int] = {}   # (k * 2 + dir) -> bitmask of streams in use
+        self.slot_w: dict[int, int] = {}    # slot -> last write cycle
+        self.slot_r: dict[int, int] = {}    # slot -> last read cycle
+        self.markers: dict = {}
+        self.out = Placed()
+        self.last_cycle = -1                # max over placed instructions of issue + latency
+        self.n_chains = 0
+
+    # ---- the earliest anchor allowed by data and unit-state order ------------------------------
+    def _earliest(self, chain: Chain, floor: int) -> int:
+        T = floor
+        sw, sr, mk = self.slot_w, self.slot_r, self.markers
+        for ins in chain.ins:
+            off = ins.off
+            if -off > T:
+                T = -off
+            for g in ins.reads:
+                w = sw.get(g)
+                if w is not None and w + 1 - off > T:
+                    T = w + 1 - off
+            for g in ins.writes:
+                w = sw.get(g)
+                if w is not None and w + 1 - off > T:
+                    T = w + 1 - off
+                r = sr.get(g)
+                if r is not None and r + 1 - off > T:
+                    T = r + 1 - off
+            for key, d in ins.after:
+                v = mk.get(key)
+                if v is not None and v + d - off > T:
+                    T = v + d - off
+        return T
+
+    def _free_streams(self, d: int, k: int, w: int) -> int:
+        used = self.streams.get(k * 2 + d, 0)
+        full = (1 << w) - 1
+        for s in range(self.nstreams - w + 1):
+            if not (used >> s) & full:
+                return s
+        return -1
+
+    def place(self, chain: Chain, floor: int = 0) -> int:
+        """Place `chain` at the earliest feasible anchor >= floor; return the anchor."""
+        T = self._earliest(chain, floor)
+        qbusy, bbusy = self.qbusy, self.bbusy
+        while True:
+            ok = True
+            chosen = []
+            for ins in chain.ins:
+                t = T + ins.off
+                if ins.bank >= 0 and ins.bank * BIG + t in bbusy:
+                    ok = False
+                    break
+                q = -1
+                for cand in ins.queues:
+                    if cand * BIG + t not in qbusy:
+                        q = cand
+                        break
+                if q < 0:
+                    ok = False
+                    break
+                for eq, eoff in ins.extra:
+                    if eq * BIG + T + eoff in qbusy:
+                        ok = False
+                        break
+                if not ok:
+                    break
+                chosen.append(q)
+            if ok:
+                # two instructions of one chain may compete for the same queue or bank
+                keys = [q * BIG + T + ins.off for q, ins in zip(chosen, chain.ins)]
+                keys += [eq * BIG + T + eoff for ins in chain.ins for eq, eoff in ins.extra]
+                banks = [ins.bank * BIG + T + ins.off for ins in chain.ins if ins.bank >= 0]
+                if len(set(keys)) != len(keys) or len(set(banks)) != len(banks):
+                    ok = self._choose_distinct(chain, T, chosen)
+            if ok:
+                sids = []
+                for d, koff, w in chain.groups:
+                    s = self._free_streams(d, T + koff, w)
+                    if s < 0:
+                        ok = False
+                        break
+                    sids.append(s)
+                if ok and len(chain.groups) > 1:
+                    ok = self._distinct_groups(chain, T, sids)
+            if ok:
+                self._commit(chain, T, chosen, sids)
+                return T
+            T += 1
+
+    def _choose_distinct(self, chain, T, chosen) -> bool:
+        taken = set()
+        banks = set()
+        for i, ins in enumerate(chain.ins):
+            t = T + ins.off
+            if ins.bank >= 0:
+                if ins.bank * BIG + t in banks:
+                    return False
+                banks.add(ins.bank * BIG + t)
+            q = -1
+            for cand in ins.queues:
+                key = cand * BIG + t
+                if key not in self.qbusy and key not in taken:
+                    q = cand
+                    break
+            if q < 0:
+                return False
+            taken.add(q * BIG + t)
+            for eq, eoff in ins.extra:
+                key = eq * BIG + T + eoff
+                if key in taken:
+                    return False
+                taken.add(key)
+            chosen[i] = q
+        return True
+
+    def _distinct_groups(self, chain, T, sids) -> bool:
+        """Several groups of one chain on the same diagonal must not share streams."""
+        seen: dict[int, int] = {}
+        for gi, (d, koff, w) in enumerate(chain.groups):
+            key = (T + koff) * 2 + d
+            used = seen.get(key, self.streams.get(key, 0))
+            full = (1 << w) - 1
+            s = -1
+            for c in range(self.nstreams - w + 1):
+                if not (used >> c) & full:
+                    s = c
+                    break
+            if s < 0:
+                return False
+            sids[gi] = s
+            seen[key] = used | (full << s)
+        return True
+
+    def _commit(self, chain: Chain, T: int, chosen, sids):
+        for (d, koff, w), s in zip(chain.groups, sids):
+            key = (T + koff) * 2 + d
+            self.streams[key] = self.streams.get(key, 0) | (((1 << w) - 1) << s)
+        out, mk, lat = self.out, self.markers, self.lat
+        for ins, q in zip(chain.ins, chosen):
+            t = T + ins.off
+            self.qbusy.add(q * BIG + t)
+            for eq, eoff in ins.extra:
+                self.qbusy.add(eq * BIG + T + eoff)
+            if ins.bank >= 0:
+                self.bbusy.add(ins.bank * BIG + t)
+            for g in ins.reads:
+                if self.slot_r.get(g, -1) < t:
+                    self.slot_r[g] = t
+            for g in ins.writes:
+                self.slot_w[g] = t
+            for key, add in ins.mark:
+                v = t + add
+                if mk.get(key, -(1 << 60)) < v:
+                    mk[key] = v
+            args = list(ins.args)
+            for ai, gi, plane, dt in ins.patch:
+                d = chain.groups[gi][0]
+                args[ai] = dt * 256 + d * 64 + sids[gi] + plane
+            out.cycle.append(t)
+            out.queue.append(q)
+            out.op.append(ins.op)
+            out.args.append(args)
+            out.line.append(chain.line)
+            out.node.append(chain.node)
+            end = t + lat[ins.op]
+            if end > self.last_cycle:
+                self.last_cycle = end
+        self.n_chains += 1
+
+    def predicted_cycles(self) -> int:
+        if self.last_cycle < 0:
+            return 0
+        return self.last_cycle + 1 + self.m.icu_skew
+
+
+def op_name(op: int) -> str:
+    return OPS[op].name
