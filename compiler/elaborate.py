@@ -83,7 +83,7 @@ class Elaborator:
         for s in prog.stmts:
             if isinstance(s, A.FnDef):
                 self._guard(self._define, s)
-        self.later = {s.name for s in prog.stmts if isinstance(s, (A.Assign, A.Output))}
+        self.later = _assigned(prog.stmts)
         self._block(prog.stmts, self.globals, top=True)
         for name, value in sorted(self.overrides.items()):
             if name not in self.graph.params:
@@ -417,6 +417,17 @@ class Elaborator:
         finally:
             self.calls.pop()
             self.src, self.site = saved
+
+
+def _assigned(stmts) -> set[str]:
+    """Names given a value at the top level (in loops too), for "used before assigned" errors."""
+    out = set()
+    for s in stmts:
+        if isinstance(s, A.Assign) or isinstance(s, A.Output) and s.value is not None:
+            out.add(s.name)
+        elif isinstance(s, A.For):
+            out |= _assigned(s.body) | {s.var}
+    return out
 
 
 def elaborate(prog: A.Program, text: str, name: str = "<string>", params: dict[str, int] | None = None) -> IRGraph:
