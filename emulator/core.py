@@ -252,7 +252,7 @@ def vxm_compute(op, a, adt, b, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, 
     """One VXM instruction on operand byte planes a, b (b unused for unary ops and MASK)."""
     binary = op >= C_ADD and op <= C_MIN
     reads_a = not (binary and bimm == 2)
-    reads_b = binary and bimm == 0
+    reads_b = binary and bimm != 1
     fl = (is_float(odt) or (reads_a and is_float(adt)) or (reads_b and is_float(bdt))
           or (op >= C_EXP and op <= C_GELU))
     if fl:
@@ -433,7 +433,7 @@ def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring_k, ring_pos, ring_src, ring_
     if nv < 0 or nv > lanes:
         return operand_error(hz, nvf, nv)
     reads_a = not (binary and bimm == 2)
-    reads_b = binary and bimm == 0
+    reads_b = binary and bimm != 1
     for f, ref, used in ((0, aref, reads_a), (1, bref, reads_b), (nvf - 1, oref, True)):
         if used and (ref < 0 or ref >> 8 >= 5 or not ref_ok(ref, WIDTH[(ref >> 8) % 5], spd)):
             return operand_error(hz, f, ref)
