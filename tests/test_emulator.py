@@ -5,6 +5,7 @@ import pytest
 
 from emulator import core
 from emulator.run import HazardError, run, schedule
+from isa import opcodes as O
 from isa.errors import LpuError
 from isa.machine import EAST, WEST, MachineConfig
 from tests.progbuild import ProgBuilder, ref
@@ -255,3 +256,198 @@ def test_gather_and_scatter():
     np.testing.assert_array_equal(r.outputs["g"], tv[iv, np.arange(L)])
     dv[iv, np.arange(L)] = vv
     np.testing.assert_array_equal(r.states["dst"], dv)
+
+
+# ---- MXM ---------------------------------------------------------------------------------------
+def mxm_program(dtype, trans=False, batches=2, acc_shift=0, abc_gap=None):
+    """Weights w[L, L] and activations x[batches * 4, L] come west to MXM plane 0; z[4, L] =
+    sum over batches of x[batch rows] @ w (or w.T), ACCed back east."""
+    b = ProgBuilder(M, ["z = x @ w"])
+    w = b.tensor("w", "weight", dtype, (L, L), [2, 3])
+    x = b.tensor("x", "input", dtype, (4 * batches, L), [4, 5])
+    acc_t = "i32" if dtype == "i8" else "f32"
+    z = b.tensor("z", "output", acc_t, (4, L), [8, 9, 10, 11])
+    gap = abc_gap or (1 if dtype == "i8" else M.f16_pair_cycles)
+    k = 20
+    b.read_vec(w, 0, WEST, 0, k, n=L)
+    b.at(b.issue_for(k, WEST, 0), "mxm0.lw0", "LW", 0, ref(dtype, WEST, 0))
+    b.raw("mxm0.lw0", "REPEAT", L - 1, 1)
+    t = b.issue_for(k, WEST, 0) + L
+    b.at(t, "mxm0", "IW", 1 if dtype == "f16" else 0, int(trans))
+    k2 = b.diag(t + 1, WEST, 0)
+    b.read_vec(x, 0, WEST, 2, k2, n=4 * batches, d=gap)
+    for bt in range(batches):
+        b.at(t + 1 + 4 * gap * bt, "mxm0", "ABC", ref(dtype, WEST, 2), 0, int(bt > 0), line=1)
+        b.raw("mxm0", "REPEAT", 3, gap)
+    ta = t + 1 + 4 * gap * (batches - 1) + 3 * gap + LAT["mxm_abc"] - 3 * gap + acc_shift
+    b.at(ta, "mxm0.acc", "ACC", 0, ref(acc_t, EAST, 4), line=1)
+    b.raw("mxm0.acc", "REPEAT", 3, gap)
+    b.write_vec(z, 0, EAST, 4, b.diag(ta + LAT["mxm_acc"], EAST, 0), n=4, d=gap)
+    return b.build()
+
+
+def f16_matmul(x, w):
+    """The f16 ABC rule: dot products in f64, summed in lane order, rounded to f32 once."""
+    out = np.zeros((x.shape[0], w.shape[1]), np.float32)
+    for r in range(x.shape[0]):
+        for n in range(w.shape[1]):
+            s = 0.0
+            for k in range(w.shape[0]):
+                s += float(x[r, k]) * float(w[k, n])
+            out[r, n] = np.float32(s)
+    return out
+
+
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("dtype", ["i8", "f16"])
+def test_mxm(dtype, trans):
+    wv, xv = rand(dtype, (L, L)), rand(dtype, (8, L))
+    r = run(mxm_program(dtype, trans), {"w": wv, "x": xv})
+    wm = wv.T if trans else wv
+    if dtype == "i8":
+        want = xv[:4].astype(np.int32) @ wm.astype(np.int32) + xv[4:].astype(np.int32) @ wm.astype(np.int32)
+    else:
+        want = (f16_matmul(xv[:4], wm) + f16_matmul(xv[4:], wm)).astype(np.float32)
+    np.testing.assert_array_equal(r.outputs["z"], want)
+    assert r.counters["macs"] == 8 * L * L
+    assert r.counters["mxm"] == 8 * (1 if dtype == "i8" else 2 * M.f16_pair_cycles)
+    assert 0 < r.utilization["mxm"] <= 1
+
+
+# ---- hazards -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("shift", [-1, 1])
+def test_read_moved_one_cycle_is_caught_at_the_reader(shift):
+    p = copy_program(EAST, [0], [5], shape=(L,), shift=shift).build()
+    with pytest.raises(HazardError) as e:
+        run(p, {"x": rand("i8", (L,))})
+    h = e.value
+    assert (h.kind, h.cycle, h.queue, h.opcode, h.line) == ("stream-read", 20 + M.slice_pos(5), "mem5.1", "WRITE", 1)
+    assert h.index == int(np.flatnonzero(p.op == O.WRITE)[0])
+    assert "DSL line 1 'y = x'" in str(h) and "E2" in str(h) and "diagonal 20" in str(h)
+    assert str(h).startswith(f"hazard at cycle {h.cycle} on mem5.1 (instruction {h.index}: WRITE")
+
+
+def test_downstream_writer_is_not_visible():
+    b = ProgBuilder(M)
+    x = b.tensor("x", "input", "i8", (L,), [5])
+    b.read_vec(x, 0, EAST, 0, 20)
+    b.at(b.issue_for(20, EAST, M.slice_pos(4)), "mem4.0", "WRITE", 0, 0, ref("i8", EAST, 0))
+    with pytest.raises(HazardError, match=f"written downstream, at position {M.slice_pos(5)}"):
+        run(b.build(), {"x": rand("i8", (L,))})
+
+
+def test_two_writers_on_one_diagonal():
+    b = ProgBuilder(M)
+    x = b.tensor("x", "input", "i8", (L,), [0])
+    y = b.tensor("y", "input", "i8", (L,), [1])
+    b.read_vec(x, 0, EAST, 0, 20)
+    b.read_vec(y, 0, EAST, 0, 20, line=1)
+    with pytest.raises(HazardError) as e:
+        run(b.build(), {"x": rand("i8", (L,)), "y": rand("i8", (L,))})
+    assert e.value.kind == "two-writers" and e.value.queue == "mem1.0" and "E0 diagonal 20" in str(e.value)
+
+
+def test_bank_conflict_and_address_range():
+    b = ProgBuilder(M)
+    b.at(4, "mem3.0", "READ", 1, 0, ref("i8", EAST, 0))
+    b.at(4, "mem3.1", "READ", 1, 7, ref("i8", EAST, 1))
+    with pytest.raises(HazardError) as e:
+        run(b.build(), {})
+    assert (e.value.kind, e.value.cycle, e.value.queue) == ("bank-conflict", 4, "mem3.1")
+    b = ProgBuilder(M)
+    b.at(4, "mem3.0", "READ", 0, M.addresses_per_bank, ref("i8", EAST, 0))
+    with pytest.raises(HazardError, match="address out of range"):
+        run(b.build(), {})
+
+
+def test_acc_too_early():
+    with pytest.raises(HazardError) as e:
+        run(mxm_program("i8", acc_shift=-1), {"w": rand("i8", (L, L)), "x": rand("i8", (8, L))})
+    assert e.value.kind == "not-ready" and e.value.queue == "mxm0.acc" and e.value.opcode == "ACC"
+
+
+def test_abc_on_busy_f16_pair():
+    with pytest.raises(HazardError) as e:
+        run(mxm_program("f16", abc_gap=1), {"w": rand("f16", (L, L)), "x": rand("f16", (8, L))})
+    assert (e.value.kind, e.value.queue, e.value.opcode, e.value.line) == ("unit-busy", "mxm0", "ABC", 1)
+    assert "repetition 1" in str(e.value)
+
+
+def test_abc_dtype_mismatch_and_bad_operand():
+    b = ProgBuilder(M)
+    b.at(0, "mxm0", "IW", 0, 0)
+    b.at(3, "mxm0", "ABC", ref("f16", WEST, 0), 0, 0)
+    with pytest.raises(HazardError, match="dtype mismatch f16 where the unit holds i8"):
+        run(b.build(), {})
+    b = ProgBuilder(M)
+    b.at(3, "mxm1", "ABC", ref("f16", WEST, 0), 0, 0)
+    with pytest.raises(HazardError, match="invalid operand field 'inp'"):
+        run(b.build(), {})
+
+
+def test_structural_errors():
+    b = ProgBuilder(M)
+    b.raw("vxm0", "READ", 0, 0, 0)
+    with pytest.raises(LpuError, match="READ on queue vxm0"):
+        run(b.build(), {})
+    b = ProgBuilder(M)
+    b.raw("mem0.0", "REPEAT", 2, 1)
+    with pytest.raises(LpuError, match="REPEAT must follow"):
+        run(b.build(), {})
+
+
+# ---- loading -----------------------------------------------------------------------------------
+def test_load_checks_names_shapes_dtypes():
+    p = copy_program(EAST, [0], [5], shape=(2, 20)).build()
+    with pytest.raises(LpuError, match="missing value"):
+        run(p, {})
+    with pytest.raises(LpuError, match="unknown tensor"):
+        run(p, {"x": rand("i8", (2, 20)), "q": 1})
+    with pytest.raises(LpuError, match=r"'x': expected i8 \[2, 20\] \(int8\), got int8 \[20, 2\]"):
+        run(p, {"x": rand("i8", (20, 2))})
+    with pytest.raises(LpuError, match="got float32"):
+        run(p, {"x": rand("f32", (2, 20))})
+
+
+def test_constants_and_padding_lanes():
+    b = ProgBuilder(M)
+    c = b.tensor("c", "const", "f16", (20,), [0, 1], data=np.arange(20, dtype=np.float16))
+    y = b.tensor("y", "output", "f16", (20,), [4, 5])
+    b.read_vec(c, 0, EAST, 0, 20, n=2)
+    b.write_vec(y, 0, EAST, 0, 20, n=2)
+    r = run(b.build(), {})
+    np.testing.assert_array_equal(r.outputs["y"], np.arange(20, dtype=np.float16))
+
+
+# ---- number formats ----------------------------------------------------------------------------
+def encode(vals, dt):
+    n = len(vals)
+    u32 = np.zeros(n, np.uint32)
+    dst = np.zeros((4, n), np.uint8)
+    core.encode_f32(np.asarray(vals, np.float32), dt, n, n, u32, u32.view(np.float32), dst)
+    return dst
+
+
+def test_f32_to_f16_rounding_matches_numpy():
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    lo, hi = every[:-1].astype(np.float64), every[1:].astype(np.float64)
+    with np.errstate(all="ignore"):
+        mids = ((lo + hi) / 2)[np.isfinite(lo) & np.isfinite(hi)].astype(np.float32)
+        rnd = RNG.integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        vals = np.concatenate([every.astype(np.float32), mids, rnd, rnd * np.float32(1e-30), rnd * np.float32(1e-34)])
+        want = vals.astype(np.float16)
+    got = encode(vals, core.D_F16)[:2].T.copy().view(np.float16)[:, 0]
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
+
+
+def test_float_to_int_rounds_to_even_and_saturates():
+    vals = np.concatenate([np.arange(-300, 300, 0.25, dtype=np.float32), [np.nan, np.inf, -np.inf, 3e9, -3e9]])
+    got8 = encode(vals, core.D_I8)[0].view(np.int8)
+    want8 = np.clip(np.rint(np.nan_to_num(vals, nan=0, posinf=1e9, neginf=-1e9)), -128, 127)
+    np.testing.assert_array_equal(got8, want8)
+    got32 = encode(vals, core.D_I32).T.copy().view(np.int32)[:, 0]
+    want32 = np.clip(np.rint(np.nan_to_num(vals.astype(np.float64), nan=0, posinf=3e9, neginf=-3e9)),
+                     -2 ** 31, 2 ** 31 - 1)
+    np.testing.assert_array_equal(got32, want32)
