@@ -175,6 +175,9 @@ def cast(el, to: str, x, at):
 def _reduce(op):
     def run(el, a, at):
         x = tensor_arg(el, a["x"], op, at)
+        if isinstance(a["axis"], Tensor):
+            el.error(at, f"`{op}` reduces one tensor along an axis, got a tensor as the axis",
+                     "for an elementwise max or min of two tensors, use maximum(a, b) or minimum(a, b)")
         axis = axis_arg(el, a["axis"], len(el.shape(x)), at)
         shape = tuple(1 if i == axis else s for i, s in enumerate(el.shape(x)))
         return el.node(op, [x.id], shape, S.reduce_result(op, el.dtype(x)), {"axis": axis}, at)

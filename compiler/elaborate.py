@@ -15,6 +15,7 @@ from compiler.semantics import DTYPES
 
 PRELUDE_PATH = Path(__file__).parent / "prelude.lpu"
 TOP_ONLY = (A.Param, A.Decl, A.FnDef, A.Output)
+STMT_NAME = {A.Param: "`param`", A.Decl: "a declaration", A.FnDef: "`fn`", A.Output: "`output`"}
 
 
 class _Abort(Exception):
@@ -141,7 +142,7 @@ class Elaborator:
 
     def _stmt(self, s, scope: Scope, top: bool):
         if isinstance(s, TOP_ONLY) and scope is not self.globals:
-            self.error(s, f"`{type(s).__name__.lower()}` must be at the top level of the program")
+            self.error(s, f"{STMT_NAME[type(s)]} must be at the top level of the program")
         match s:
             case A.Param():
                 self._param(s)
@@ -156,7 +157,7 @@ class Elaborator:
             case A.For():
                 for b in s.body:
                     if isinstance(b, TOP_ONLY):
-                        self.error(b, f"`{type(b).__name__.lower()}` must be at the top level, not in a loop")
+                        self.error(b, f"{STMT_NAME[type(b)]} must be at the top level, not in a loop")
                 lo, hi = self._range(s.start, s.stop, scope)
                 for i in range(lo, hi):
                     self._assign(s.var, i, scope, s)
@@ -174,6 +175,8 @@ class Elaborator:
             self.error(s, f"`{s.name}` is already declared as a {self.kinds[s.name]}")
         if s.name in self.overrides:
             value = self.overrides[s.name]
+            if not isinstance(value, int):
+                self.error(s, f"-p {s.name}={value}: a param override must be an integer")
         else:
             value = self.expr(s.value, self.globals)
             if not isinstance(value, int):

@@ -62,10 +62,8 @@ def _parser() -> tuple[Lark, _Newlines]:
                 maybe_placeholders=True), post
 
 
-def _pos(x) -> dict:
-    if isinstance(x, Token):
-        return {"line": x.line, "col": x.column}
-    return {"line": x.line, "col": x.column} if hasattr(x, "column") else {"line": x.line, "col": x.col}
+def _pos(tok: Token) -> dict:
+    return {"line": tok.line, "col": tok.column}
 
 
 @v_args(inline=True, meta=True)

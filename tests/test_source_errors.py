@@ -47,6 +47,8 @@ CASES = [
     ("return at top", "return x\n", 5, 1, "`return` outside a function", ""),
     ("no return", "fn f(a) { b = a }\ny = f(x)\noutput y\n", 5, 4, "function `f` does not `return` a value", ""),
     ("decl in fn", "fn f(a) { param P = 2\n return a }\ny = f(x)\noutput y\n", 5, 17, "`param` must be at the top level", ""),
+    ("max of two tensors", "y = max(x, x)\noutput y\n", 5, 5, "got a tensor as the axis", "maximum(a, b)"),
+    ("fn in loop", "for i in 0..2 { fn f(a) { return a } }\noutput x\n", 5, 20, "`fn` must be at the top level, not in a loop", ""),
     ("modulo tensor", "y = x % 2\noutput y\n", 5, 7, "`%` works only on compile-time integers", ""),
     ("bad axis", "y = sum(x, axis=2)\noutput y\n", 5, 5, "axis 2 is out of range for a tensor of rank 2", ""),
     ("bad attribute", "y = x.X\noutput y\n", 5, 7, "unknown attribute `.X`", ""),
