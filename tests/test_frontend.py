@@ -214,3 +214,43 @@ def test_llama_scales_to_7b_sizes(name):
     g = elaborate_file(Path(PROGRAMS[0]).parent / f"{name}.lpu", {"D": 4096, "H": 32, "F": 11008})
     assert g.params["HD"] == 128
     assert sum(n.nbytes for n in g.leaves("weight")) == 2 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 2 * 4 * 4096
+
+
+DESIGN_EXAMPLE = """
+# comments start with '#'
+param S = 128              # compile-time integer; `-p S=256` on the command line overrides it
+param D = 768
+param H = 12
+param HD = D / H           # integer arithmetic: + - * / % ; '/' must divide exactly
+
+input  x    : f16[S, D]    # supplied per run
+weight wqkv : f16[D, 3*D]  # resident in SRAM
+weight bqkv : f16[3*D]
+weight ln_g : f32[D]
+weight ln_b : f32[D]
+state  kc   : f16[512, D]  # persists in SRAM between runs (KV cache)
+
+fn attend(q, k, v) {       # inlined at every call
+    s = causal(q @ k.T * (1.0 / sqrt(HD)))
+    return softmax(s) @ v
+}
+
+h    = layernorm(x, ln_g, ln_b)
+qkv  = h @ wqkv + bqkv
+q    = qkv[:, 0:D]
+k    = qkv[:, D:2*D]
+v    = qkv[:, 2*D:3*D]
+heads = [attend(q[:, i*HD:(i+1)*HD], k[:, i*HD:(i+1)*HD], v[:, i*HD:(i+1)*HD]) for i in 0..H]
+a    = concat(heads, axis=1)
+kc[0:S, :] <- f16(k)       # store into a state tensor (fill the KV cache)
+for l in 0..2 { a = a + x }   # compile-time loop; names may be rebound
+output a
+"""
+
+
+def test_design_example_elaborates():
+    g = elaborate_source(DESIGN_EXAMPLE, "design.lpu", {"S": 64})
+    a = g.node(g.node(g.outputs["a"]).inputs[0])
+    assert (a.shape, a.dtype, a.line) == ((64, 768), "f32", 29)
+    assert ops(g).count("matmul") == 1 + 2 * 12 and g.params["HD"] == 64
+    assert g.node(g.final_states["kc"]).attrs["index"] == ((0, 64), (0, 768))
