@@ -1,6 +1,11 @@
 """AST -> IR graph: params are evaluated (with overrides), functions inlined, loops and list
 comprehensions unrolled, compile-time integers folded, shapes and dtypes inferred. Errors in
-separate top-level statements are collected and raised together as one SourceError."""
+separate top-level statements are collected and raised together as one SourceError.
+
+Scopes: a function body sees its arguments, its own assignments and the program's globals
+(params, declared tensors, top-level names), never its caller's locals; a `for` loop runs in
+the enclosing scope (its variable and assignments stay visible after it, as in Python); a list
+comprehension binds its variable in a scope of its own. A state name reads its latest version."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -373,10 +378,10 @@ class Elaborator:
     def _bind(self, e: A.Call, spec, scope) -> dict:
         names = [n for n, _ in spec]
         need = sum(d is B.REQUIRED for _, d in spec)
+        want = f"{need} to {len(spec)} arguments" if need != len(spec) else \
+            f"{need} argument{'s' * (need != 1)}"
         if len(e.args) > len(spec):
-            want = f"{need} to {len(spec)}" if need != len(spec) else f"{len(spec)}"
-            self.error(e, f"`{e.func}` takes {want} arguments, got {len(e.args)}",
-                       f"{e.func}({', '.join(names)})")
+            self.error(e, f"`{e.func}` takes {want}, got {len(e.args)}", f"{e.func}({', '.join(names)})")
         args = {n: self.expr(a, scope) for n, a in zip(names, e.args)}
         for kw in e.kwargs:
             if kw.name not in names:
@@ -387,8 +392,7 @@ class Elaborator:
             args[kw.name] = self.expr(kw.value, scope)
         missing = [n for n, d in spec if d is B.REQUIRED and n not in args]
         if missing:
-            want = f"{need} to {len(spec)}" if need != len(spec) else f"{len(spec)}"
-            self.error(e, f"`{e.func}` takes {want} arguments, got {len(e.args) + len(e.kwargs)} "
+            self.error(e, f"`{e.func}` takes {want}, got {len(e.args) + len(e.kwargs)} "
                           f"(missing {', '.join(f'`{m}`' for m in missing)})", f"{e.func}({', '.join(names)})")
         for n, d in spec:
             if n not in args:

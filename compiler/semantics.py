@@ -103,7 +103,8 @@ def convert(x: np.ndarray, dtype: str) -> np.ndarray:
     x = np.asarray(x)
     target = NP_DTYPE[dtype]
     if is_float(dtype):
-        return x.astype(target)
+        with np.errstate(over="ignore"):
+            return x.astype(target)
     lo, hi = INT_RANGE[dtype]
     if x.dtype.kind == "f":
         with np.errstate(invalid="ignore"):

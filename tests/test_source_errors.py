@@ -20,7 +20,7 @@ CASES = [
     ("unknown name", "y = x + xx\noutput y\n", 5, 9, "unknown name `xx`", ""),
     ("unknown name hint", "y = exp(kcc)\noutput y\n", 5, 9, "unknown name `kcc`", "did you mean `kc`?"),
     ("unknown function", "y = layernrm(x, x, x)\noutput y\n", 5, 5, "unknown function `layernrm`", "did you mean `layernorm`?"),
-    ("too many args", "y = exp(x, x)\noutput y\n", 5, 5, "`exp` takes 1 arguments, got 2", "exp(x)"),
+    ("too many args", "y = exp(x, x)\noutput y\n", 5, 5, "`exp` takes 1 argument, got 2", "exp(x)"),
     ("missing args", "y = layernorm(x)\noutput y\n", 5, 5, "`layernorm` takes 3 to 4 arguments, got 1 (missing `g`, `b`)", ""),
     ("unknown kwarg", "y = softmax(x, axs=0)\noutput y\n", 5, 16, "`softmax` has no parameter `axs`", "did you mean `axis`?"),
     ("shape mismatch", "y = x + kc\noutput y\n", 5, 7, "shape mismatch in `+`: [4, 8] and [16, 8] do not broadcast", ""),
@@ -88,7 +88,7 @@ def test_several_errors_reported_together_sorted():
     with pytest.raises(SourceError) as info:
         elaborate_source(HEAD + body, "prog.lpu")
     got = [(d.line, d.col, d.message) for d in info.value.diagnostics]
-    assert got == [(5, 9, "unknown name `nope`"), (6, 5, "`exp` takes 1 arguments, got 2"),
+    assert got == [(5, 9, "unknown name `nope`"), (6, 5, "`exp` takes 1 argument, got 2"),
                    (8, 5, "unknown name `zz`")]   # no cascade from `c = a + b`
 
 
