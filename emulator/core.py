@@ -333,7 +333,8 @@ def stream_read(ref, w, q, c, ring_k, ring_pos, ring_pay, dst, hz):
             hz[5] = k
             hz[6] = wpos if ring_k[d, s + b, slot] == k else -1
             return False
-        dst[b, :] = ring_pay[d, s + b, slot, :]
+        for l in range(dst.shape[1]):
+            dst[b, l] = ring_pay[d, s + b, slot, l]
     return True
 
 
@@ -355,7 +356,8 @@ def stream_write(ref, w, p, c, ex, ring_k, ring_pos, ring_src, ring_pay, src, hz
         ring_k[d, s + b, slot] = k
         ring_pos[d, s + b, slot] = p
         ring_src[d, s + b, slot] = ex
-        ring_pay[d, s + b, slot, :] = src[b, :]
+        for l in range(src.shape[1]):
+            ring_pay[d, s + b, slot, l] = src[b, l]
     return True
 
 
@@ -385,12 +387,14 @@ def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring_k, ring_p
         if not ref_ok(a[2], 1, spd):
             return operand_error(hz, 2, a[2])
         if op == C_READ:
-            sa[0, :] = mem[s, bank, addr, :]
+            for l in range(lanes):
+                sa[0, l] = mem[s, bank, addr, l]
             counters[K_SRAM_READ] += lanes
             return stream_write(a[2], 1, p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, sa, hz)
         if not stream_read(a[2], 1, p, t, ring_k, ring_pos, ring_pay, sa, hz):
             return False
-        mem[s, bank, addr, :] = sa[0, :]
+        for l in range(lanes):
+            mem[s, bank, addr, l] = sa[0, l]
         counters[K_SRAM_WRITTEN] += lanes
         return True
     for f in (2, 3):
