@@ -5,8 +5,9 @@ Arrays in, arrays out; every size comes in as a plain int argument. The core has
 operation codes (`CORE_OPS`, mapped from the opcode table by name in run.py) so that Numba's
 cache, which freezes globals, never holds a stale opcode numbering.
 
-Streams: per (direction, stream) a ring buffer indexed by diagonal k mod `ring` holds the
-diagonal written (`ring_k`), the writer's position and execution index, and the payload bytes.
+Streams: per (direction, stream) a ring buffer indexed by diagonal k mod `ring_size` (a power of
+two above positions + latency) holds the diagonal written, the writer's position and execution
+index, and the payload bytes: the tuple `ring` = (ring_k, ring_pos, ring_src, ring_pay).
 
 A hazard stops the run: `hz` receives (kind, execution index, cycle, x0, x1, x2, x3) and the
 function returns the number of instructions executed before it.
@@ -248,7 +249,7 @@ def int_binary(op, a, b):
 
 
 @njit(cache=True)
-def vxm_compute(op, a, adt, b, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, ib, u32, f32v, dst):
+def vxm_compute(op, a, adt, b, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, dst):
     """One VXM instruction on operand byte planes a, b (b unused for unary ops and MASK)."""
     binary = op >= C_ADD and op <= C_MIN
     reads_a = not (binary and bimm == 2)
@@ -318,8 +319,9 @@ def ref_ok(ref, w, spd):
 
 
 @njit(cache=True)
-def stream_read(ref, w, q, c, ring_k, ring_pos, ring_pay, dst, hz):
+def stream_read(ref, w, q, c, ring, dst, hz):
     """Read w byte planes of ref at position q in cycle c into dst; False on a hazard."""
+    ring_k, ring_pos, _, ring_pay = ring
     d = (ref >> 6) & 3
     s = ref & 63
     k = c - q if d == 0 else c + q
@@ -339,8 +341,9 @@ def stream_read(ref, w, q, c, ring_k, ring_pos, ring_pay, dst, hz):
 
 
 @njit(cache=True)
-def stream_write(ref, w, p, c, ex, ring_k, ring_pos, ring_src, ring_pay, src, hz):
+def stream_write(ref, w, p, c, ex, ring, src, hz):
     """Put w byte planes of src on ref at position p in cycle c (writer execution index ex)."""
+    ring_k, ring_pos, ring_src, ring_pay = ring
     d = (ref >> 6) & 3
     s = ref & 63
     k = c - p if d == 0 else c + p
@@ -371,8 +374,7 @@ def operand_error(hz, field, value):
 
 # ---- units -------------------------------------------------------------------------------------
 @njit(cache=True)
-def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring_k, ring_pos, ring_src, ring_pay,
-             sa, sb, hz, counters):
+def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring, sa, sb, hz, counters):
     bank, addr = a[0], a[1]
     nbanks, naddr = mem.shape[1], mem.shape[2]
     if bank < 0 or bank >= nbanks or addr < 0 or addr >= naddr:
@@ -390,8 +392,8 @@ def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring_k, ring_p
             for l in range(lanes):
                 sa[0, l] = mem[s, bank, addr, l]
             counters[K_SRAM_READ] += lanes
-            return stream_write(a[2], 1, p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, sa, hz)
-        if not stream_read(a[2], 1, p, t, ring_k, ring_pos, ring_pay, sa, hz):
+            return stream_write(a[2], 1, p, t + lat, ex, ring, sa, hz)
+        if not stream_read(a[2], 1, p, t, ring, sa, hz):
             return False
         for l in range(lanes):
             mem[s, bank, addr, l] = sa[0, l]
@@ -400,7 +402,7 @@ def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring_k, ring_p
     for f in (2, 3):
         if not ref_ok(a[f], 1, spd):
             return operand_error(hz, f, a[f])
-    if not stream_read(a[2], 1, p, t, ring_k, ring_pos, ring_pay, sb, hz):
+    if not stream_read(a[2], 1, p, t, ring, sb, hz):
         return False
     for l in range(lanes):
         if addr + sb[0, l] >= naddr:
@@ -410,8 +412,8 @@ def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring_k, ring_p
         for l in range(lanes):
             sa[0, l] = mem[s, bank, addr + sb[0, l], l]
         counters[K_SRAM_READ] += lanes
-        return stream_write(a[3], 1, p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, sa, hz)
-    if not stream_read(a[3], 1, p, t, ring_k, ring_pos, ring_pay, sa, hz):
+        return stream_write(a[3], 1, p, t + lat, ex, ring, sa, hz)
+    if not stream_read(a[3], 1, p, t, ring, sa, hz):
         return False
     for l in range(lanes):
         mem[s, bank, addr + sb[0, l], l] = sa[0, l]
@@ -420,8 +422,8 @@ def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring_k, ring_p
 
 
 @njit(cache=True)
-def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring_k, ring_pos, ring_src, ring_pay, f16tab,
-             sa, sb, so, fa, fb, ia, ib, u32, f32v, hz, counters):
+def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring, f16tab,
+             sa, sb, so, fa, fb, ia, u32, f32v, hz, counters):
     binary = op >= C_ADD and op <= C_MIN
     bref, cut, imm, bimm = 0, 0, 0, 0
     if binary:
@@ -442,13 +444,13 @@ def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring_k, ring_pos, ring_src, ring_
         if used and (ref < 0 or ref >> 8 >= 5 or not ref_ok(ref, WIDTH[(ref >> 8) % 5], spd)):
             return operand_error(hz, f, ref)
     adt, bdt, odt = aref >> 8, bref >> 8, oref >> 8
-    if reads_a and not stream_read(aref, WIDTH[adt], p, t, ring_k, ring_pos, ring_pay, sa, hz):
+    if reads_a and not stream_read(aref, WIDTH[adt], p, t, ring, sa, hz):
         return False
-    if reads_b and not stream_read(bref, WIDTH[bdt], p, t, ring_k, ring_pos, ring_pay, sb, hz):
+    if reads_b and not stream_read(bref, WIDTH[bdt], p, t, ring, sb, hz):
         return False
-    vxm_compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, ib, u32, f32v, so)
+    vxm_compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, so)
     counters[K_VXM_BUSY] += 1
-    return stream_write(oref, WIDTH[odt], p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, so, hz)
+    return stream_write(oref, WIDTH[odt], p, t + lat, ex, ring, so, hz)
 
 
 @njit(cache=True)
@@ -459,8 +461,7 @@ def mxm_input_ok(ref, plane, spd):
 
 
 @njit(cache=True)
-def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring_k, ring_pos, ring_src,
-             ring_pay, f16tab, lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, xv, y, hz, counters):
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, xv, y, hz, counters):
     if op == C_LW:
         row, ref = a[0], a[1]
         if row < 0 or row >= lanes:
@@ -468,7 +469,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         if not mxm_input_ok(ref, plane, spd):
             return operand_error(hz, 1, ref)
         w = WIDTH[ref >> 8]
-        if not stream_read(ref, w, p, t, ring_k, ring_pos, ring_pay, sa, hz):
+        if not stream_read(ref, w, p, t, ring, sa, hz):
             return False
         for b in range(w):
             lbuf[plane, row, :, b] = sa[b, :]
@@ -505,7 +506,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
                 return False
         for pl in range(plane, plane + span):
             busy[pl] = t + (1 if dt == D_I8 else pair_cycles)
-        if not stream_read(ref, WIDTH[dt], p, t, ring_k, ring_pos, ring_pay, sa, hz):
+        if not stream_read(ref, WIDTH[dt], p, t, ring, sa, hz):
             return False
         for l in range(lanes):
             xv[l] = np.float64(np.int8(sa[0, l])) if dt == D_I8 else f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
@@ -540,12 +541,11 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         bits = np.int64(acc_bits[plane, row, l])
         for b in range(4):
             so[b, l] = (bits >> (8 * b)) & 0xFF
-    return stream_write(ref, 4, p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, so, hz)
+    return stream_write(ref, 4, p, t + lat, ex, ring, so, hz)
 
 
 @njit(cache=True)
-def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring_k, ring_pos, ring_src, ring_pay, tbuf,
-             sa, so, hz, counters):
+def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz, counters):
     counters[K_SXM_BUSY] += 1
     if op == C_TPOUT:
         buf, col, ref = a[0], a[1], a[2]
@@ -567,14 +567,14 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring_k, ring_pos, ring
         if buf < 0 or buf + w > TRANSPOSE_BUFFERS:
             return operand_error(hz, 0 if op == C_TPOUT else 1, buf)
         if op == C_TPIN:
-            if not stream_read(ref, w, p, t, ring_k, ring_pos, ring_pay, sa, hz):
+            if not stream_read(ref, w, p, t, ring, sa, hz):
                 return False
             for b in range(w):
                 tbuf[h, buf + b, row, :] = sa[b, :]
             return True
         for b in range(w):
             so[b, :] = tbuf[h, buf + b, :, col]
-        return stream_write(ref, w, p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, so, hz)
+        return stream_write(ref, w, p, t + lat, ex, ring, so, hz)
     oref, k = a[1], a[2]
     if oref < 0 or oref >> 8 != dt or not ref_ok(oref, w, spd):
         return operand_error(hz, 1, oref)
@@ -582,7 +582,7 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring_k, ring_pos, ring
         return operand_error(hz, 2, k)
     if op == C_DISTRIBUTE and (k < 0 or k >= lanes):
         return operand_error(hz, 2, k)
-    if not stream_read(ref, w, p, t, ring_k, ring_pos, ring_pay, sa, hz):
+    if not stream_read(ref, w, p, t, ring, sa, hz):
         return False
     for l in range(lanes):
         if op == C_SHIFT:
@@ -595,18 +595,16 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring_k, ring_pos, ring
             src = k
         for b in range(w):
             so[b, l] = sa[b, src] if src >= 0 else 0
-    return stream_write(oref, w, p, t + lat, ex, ring_k, ring_pos, ring_src, ring_pay, so, hz)
+    return stream_write(oref, w, p, t + lat, ex, ring, so, hz)
 
 
 # ---- the run -----------------------------------------------------------------------------------
 @njit(cache=True)
-def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring, nplanes, acc_rows, pair_cycles,
+def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring_size, nplanes, acc_rows, pair_cycles,
             mem, tables, f16tab, hz, counters):
     """Execute the sorted instruction list; returns how many ran (all, or up to the hazard)."""
-    ring_k = np.full((2, spd, ring), NO_DIAG, np.int64)
-    ring_pos = np.zeros((2, spd, ring), np.int64)
-    ring_src = np.zeros((2, spd, ring), np.int64)
-    ring_pay = np.zeros((2, spd, ring, lanes), np.uint8)
+    ring = (np.full((2, spd, ring_size), NO_DIAG, np.int64), np.zeros((2, spd, ring_size), np.int64),
+            np.zeros((2, spd, ring_size), np.int64), np.zeros((2, spd, ring_size, lanes), np.uint8))
     bank_last = np.full((mem.shape[0], mem.shape[1]), -1, np.int64)
     lbuf = np.zeros((nplanes, lanes, lanes, 2), np.uint8)
     wts = np.zeros((nplanes, lanes, lanes), np.float64)
@@ -622,7 +620,6 @@ def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring, nplanes, 
     fa = np.zeros(lanes, np.float32)
     fb = np.zeros(lanes, np.float32)
     ia = np.zeros(lanes, np.int64)
-    ib = np.zeros(lanes, np.int64)
     u32 = np.zeros(lanes, np.uint32)
     f32v = u32.view(np.float32)
     xv = np.zeros(lanes, np.float64)
@@ -631,18 +628,15 @@ def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring, nplanes, 
         t, op, q, a = cyc[i], ops[i], queues[i], args[i]
         p = qpos[q]
         if op <= C_SCATTER:
-            ok = mem_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, mem, bank_last, ring_k, ring_pos,
-                          ring_src, ring_pay, sa, sb, hz, counters)
+            ok = mem_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, mem, bank_last, ring, sa, sb, hz, counters)
         elif op <= C_ACC:
-            ok = mxm_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring_k, ring_pos,
-                          ring_src, ring_pay, f16tab, lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready,
-                          sa, so, xv, y, hz, counters)
+            ok = mxm_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
+                          lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, xv, y, hz, counters)
         elif op <= C_MASK:
-            ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring_k, ring_pos, ring_src, ring_pay, f16tab,
-                          sa, sb, so, fa, fb, ia, ib, u32, f32v, hz, counters)
+            ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
+                          sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)
         else:
-            ok = sxm_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, tables, ring_k, ring_pos, ring_src,
-                          ring_pay, tbuf, sa, so, hz, counters)
+            ok = sxm_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, tables, ring, tbuf, sa, so, hz, counters)
         if not ok:
             hz[1], hz[2] = i, t
             return i

@@ -305,13 +305,13 @@ def run(program: Program, values: dict, trace: bool = False) -> RunResult:
         raise LpuError(f"bad program: SXM tables have shape {tables.shape}, expected [n, {m.lanes}]")
     qidx = np.array([q[2] for q in m.queues], np.int64)
     qpos = np.array([q[4] for q in m.queues], np.int64)
-    ring = 64
-    while ring < 2 * (m.n_positions + max(m.latency.values()) + 1):
-        ring *= 2
+    ring_size = 64
+    while ring_size < 2 * (m.n_positions + max(m.latency.values()) + 1):
+        ring_size *= 2
     hz = np.zeros(8, np.int64)
     counters = np.zeros(core.N_COUNTERS, np.int64)
     core.execute(s.cycle, CORE_OP[s.op], s.queue.astype(np.int64), s.args, s.latency, qidx, qpos,
-                 m.lanes, m.streams_per_direction, ring, m.mxm_planes, m.acc_rows, m.f16_pair_cycles,
+                 m.lanes, m.streams_per_direction, ring_size, m.mxm_planes, m.acc_rows, m.f16_pair_cycles,
                  mem, tables, F16_TO_F32, hz, counters)
     if hz[0] != core.H_NONE:
         raise _hazard(program, s, hz)
