@@ -113,7 +113,8 @@ def schedule(program: Program) -> Schedule:
     unit = OP_UNIT[op]
     bad = np.flatnonzero((unit != UNIT_ICU) & ((unit != qunit[queue]) | ((unit == UNIT_MXM) & (OP_ROLE[op] != qrole[queue]))))
     if len(bad):
-        raise _structure_error(program, bad[0], f"not an instruction of a {UNIT_NAMES[qunit[queue[bad[0]]]]} queue of this kind")
+        raise _structure_error(program, bad[0], f"a {UNIT_NAMES[unit[bad[0]]]} instruction cannot issue on this "
+                                                f"{UNIT_NAMES[qunit[queue[bad[0]]]]} queue")
     first = np.ones(n, bool)
     first[1:] = queue[1:] != queue[:-1]
     is_rep, is_nop = op == O.REPEAT, op == O.NOP
@@ -153,17 +154,6 @@ def schedule(program: Program) -> Schedule:
 
 
 # ---- SRAM images of tensors ---------------------------------------------------------------------
-def _layout_check(sym: Symbol, m, nvec: int):
-    for a in ("slices", "banks", "addrs"):
-        if getattr(sym, a).shape != (nvec, sym.width):
-            raise LpuError(f"tensor '{sym.name}': layout '{a}' has shape {getattr(sym, a).shape}, "
-                           f"expected {(nvec, sym.width)}")
-    for a, hi in (("slices", m.mem_slices), ("banks", m.banks_per_slice), ("addrs", m.addresses_per_bank)):
-        v = getattr(sym, a)
-        if v.size and (v.min() < 0 or v.max() >= hi):
-            raise LpuError(f"tensor '{sym.name}': layout '{a}' out of range 0..{hi - 1}")
-
-
 def _to_bits(dtype: str, arr: np.ndarray) -> np.ndarray:
     """Tensor values -> little-endian bytes [..., width] (bf16: rounded to nearest even)."""
     if dtype == "bf16":
