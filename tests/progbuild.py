@@ -54,22 +54,29 @@ class ProgBuilder:
     def diag(self, cycle: int, direction: int, pos: int) -> int:
         return cycle - pos if direction == EAST else cycle + pos
 
-    def read_vec(self, sym: Symbol, v: int, direction: int, stream: int, diag: int, port: int = 0, line: int = 0):
-        """READ every byte plane of vector v of sym onto stream+b, all on `diag`."""
+    def read_vec(self, sym: Symbol, v: int, direction: int, stream: int, diag: int, port: int = 0, line: int = 0,
+                 n: int = 1, d: int = 1):
+        """READ every byte plane of vector v of sym onto stream+b, all on `diag`; with n > 1, also
+        vectors v+1 .. v+n-1 (consecutive addresses) on diagonals diag+d, diag+2d, ... (REPEAT)."""
         lat = self.m.latency["mem_read"]
         for b in range(sym.width):
             s = int(sym.slices[v, b])
             t = self.issue_for(diag, direction, self.m.slice_pos(s), lat)
             self.at(t, f"mem{s}.{port}", "READ", int(sym.banks[v, b]), int(sym.addrs[v, b]),
                     ref("i8", direction, stream + b), line=line)
+            if n > 1:
+                self.raw(f"mem{s}.{port}", "REPEAT", n - 1, d)
 
-    def write_vec(self, sym: Symbol, v: int, direction: int, stream: int, diag: int, port: int = 0, line: int = 0):
-        """WRITE vector v of sym from stream+b (byte plane b), all on `diag`."""
+    def write_vec(self, sym: Symbol, v: int, direction: int, stream: int, diag: int, port: int = 0, line: int = 0,
+                  n: int = 1, d: int = 1):
+        """WRITE vector v of sym from stream+b (byte plane b), all on `diag` (n, d: as read_vec)."""
         for b in range(sym.width):
             s = int(sym.slices[v, b])
             t = self.issue_for(diag, direction, self.m.slice_pos(s))
             self.at(t, f"mem{s}.{port}", "WRITE", int(sym.banks[v, b]), int(sym.addrs[v, b]),
                     ref("i8", direction, stream + b), line=line)
+            if n > 1:
+                self.raw(f"mem{s}.{port}", "REPEAT", n - 1, d)
 
     # ---- tensors and tables --------------------------------------------------------------------
     def tensor(self, name, kind, dtype, shape, slices, bank=0, addr=0, data=None) -> Symbol:
