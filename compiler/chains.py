@@ -69,6 +69,17 @@ class ChainBuilder:
         self.line = line
         self.node = node
 
+    def mem_conflict(self) -> bool:
+        """Two SRAM accesses of this chain on one bank in the same cycle: it can never be placed."""
+        seen = set()
+        for ins in self.ins:
+            if ins.bank >= 0:
+                key = (ins.bank, ins.off)
+                if key in seen:
+                    return True
+                seen.add(key)
+        return False
+
     def chain(self) -> Chain:
         return Chain(self.ins, self.groups, self.line, self.node)
 

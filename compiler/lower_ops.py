@@ -44,15 +44,37 @@ def nv_of(shape, lanes, chunk) -> int:
 
 
 def vxm_chain(lw, node, op, out_base, out_dt, nv, a=None, b=None, imm=0, bimm=0, cut=0):
-    """One VXM instruction fed from SRAM and written back: a, b are (base slot, dtype) or None."""
+    """One VXM instruction fed from SRAM and written back: a, b are (base slot, dtype) or None.
+    Operands in one vector share one READ; operands on one bank at the same distance cannot
+    be read in one cycle, so b is first copied elsewhere."""
     c = lw.ctx
     cb = ChainBuilder(c, node.line, node.id)
     vpos = c.m.vxm_pos
     ga = (cb.read(a[0], dtype_width(a[1]), vpos, 0), DTYPE_CODE[a[1]]) if a is not None else None
-    gb = (cb.read(b[0], dtype_width(b[1]), vpos, 0), DTYPE_CODE[b[1]]) if b is not None else None
+    if b is not None and a is not None and b[0] == a[0] and dtype_width(b[1]) == dtype_width(a[1]):
+        gb = (ga[0], DTYPE_CODE[b[1]])
+    else:
+        gb = (cb.read(b[0], dtype_width(b[1]), vpos, 0), DTYPE_CODE[b[1]]) if b is not None else None
+    if cb.mem_conflict():
+        b = _stage(lw, node, b, a)
+        return vxm_chain(lw, node, op, out_base, out_dt, nv, a, b, imm, bimm, cut)
     go = (cb.write(out_base, dtype_width(out_dt), vpos, c.lat[op]), DTYPE_CODE[out_dt])
     cb.vxm(op, 0, ga, gb, go, nv=nv, imm=imm, bimm=bimm, cut=cut)
     lw.chains.append(cb.chain())
+
+
+def _stage(lw, node, v, avoid):
+    """Copy vector v = (base, dtype) to a temporary in other slices than `avoid`'s planes."""
+    w = dtype_width(v[1])
+    nsl = lw.ctx.nslices
+    bad = {(avoid[0] + i) % nsl for i in range(dtype_width(avoid[1]))}
+    grid, region = lw.temp((1, 4 * lw.lanes), v[1])
+    lw.free_temp(region)
+    for base in grid.reshape(-1):
+        if not ({(int(base) + i) % nsl for i in range(w)} & bad):
+            vxm_chain(lw, node, O.VXM_UNARY["CONV"], int(base), v[1], lw.lanes, v)
+            return int(base), v[1]
+    raise AssertionError("no staging slot")
 
 
 def sxm_chain(lw, node, op, src, dst, dtype, param, h=None):
@@ -80,6 +102,9 @@ def sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv
     g_s = cb.link(spos, vpos, 0, w)
     cb.sxm(sop, h, ts, (gi, dt), (g_s, dt), sparam)
     g_o = cb.read(other[0], dtype_width(other[1]), vpos, 0)
+    if cb.mem_conflict():
+        other = _stage(lw, node, other, (src, dtype))
+        return sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv)
     go = cb.write(dst, dtype_width(out_dt), vpos, c.lat[vop])
     cb.vxm(vop, 0, (g_o, DTYPE_CODE[other[1]]), (g_s, dt), (go, DTYPE_CODE[out_dt]), nv=nv)
     lw.chains.append(cb.chain())

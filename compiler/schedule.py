@@ -114,7 +114,8 @@ class Scheduler:
         """Place `chain` at the earliest feasible anchor >= floor; return the anchor."""
         T = self._earliest(chain, floor)
         qbusy, bbusy = self.qbusy, self.bbusy
-        while True:
+        limit = T + 1_000_000
+        while T < limit:
             ok = True
             chosen = []
             for ins in chain.ins:
@@ -158,6 +159,8 @@ class Scheduler:
                 self._commit(chain, T, chosen, sids)
                 return T
             T += 1
+        raise AssertionError(f"scheduler: no cycle found for a chain of DSL line {chain.line} "
+                             f"({[OPS[i.op].name for i in chain.ins]})")
 
     def _choose_distinct(self, chain, T, chosen) -> bool:
         taken = set()
@@ -244,6 +247,3 @@ class Scheduler:
             return 0
         return self.last_cycle + 1 + self.m.icu_skew
 
-
-def op_name(op: int) -> str:
-    return OPS[op].name
