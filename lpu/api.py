@@ -1,0 +1,140 @@
+"""The thin public API that wires the stages: `compile`, `run`, `check`.
+
+    import lpu.api as lpu
+    prog, graph = lpu.compile("programs/mlp.lpu", params={"S": 32}, machine="tiny")
+    result = lpu.run(prog, lpu.inputs_for(graph, prog, seed=0))
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from compiler.driver import CompileStats, compile_file, compile_source
+from compiler.ir import IRGraph
+from isa.errors import LpuError
+from isa.machine import MachineConfig
+from isa.program import Program
+
+
+def machine_of(name_or_path: str | MachineConfig | None) -> MachineConfig:
+    if isinstance(name_or_path, MachineConfig):
+        return name_or_path
+    return MachineConfig.load(name_or_path or "tsp-v1")
+
+
+def compile(path: str, params: dict | None = None, machine=None, stats: CompileStats | None = None
+            ) -> tuple[Program, IRGraph]:
+    """Compile a .lpu file (or load a .lpubin, whose graph is rebuilt from its embedded source)."""
+    m = machine_of(machine)
+    if path.endswith(".lpubin"):
+        from isa.encoding import load_binary
+        prog = load_binary(path, m if machine is not None else None)
+        return prog, graph_of_binary(prog, params)
+    if not os.path.exists(path):
+        raise LpuError(f"{path}: no such file")
+    return compile_file(path, params or {}, m, stats)
+
+
+def graph_of_binary(prog: Program, params=None) -> IRGraph | None:
+    """The IR graph of a binary's embedded source (for --check and random inputs), if any."""
+    if not prog.source_lines:
+        return None
+    from compiler.frontend import elaborate_source
+    try:
+        return elaborate_source("\n".join(prog.source_lines) + "\n", prog.source_name, params or {})
+    except LpuError:
+        return None
+
+
+def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict | None = None) -> dict:
+    """Values for every input, weight and state: the given ones, the rest from `seed`."""
+    given = dict(given or {})
+    declared = {s.name: s for s in prog.symbols if s.kind in ("input", "weight", "state")}
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        raise LpuError(f"--inputs has {', '.join(unknown)}, which the program does not declare "
+                       f"(it declares {', '.join(sorted(declared)) or 'nothing'})")
+    if graph is not None:
+        from compiler.reference import random_values
+        values = random_values(graph, seed)
+    else:
+        rng = np.random.default_rng(seed)
+        values = {}
+        for s in declared.values():
+            if s.dtype in ("i8", "i32"):
+                values[s.name] = rng.integers(-8, 9, size=s.shape).astype(np.int8 if s.dtype == "i8" else np.int32)
+            else:
+                values[s.name] = (rng.standard_normal(s.shape) * 0.1).astype(np.float16 if s.dtype == "f16" else np.float32)
+    for name, arr in given.items():
+        sym = declared[name]
+        arr = np.asarray(arr)
+        if tuple(arr.shape) != tuple(sym.shape):
+            raise LpuError(f"--inputs: '{name}' has shape {list(arr.shape)}, the program declares {sym.dtype}{list(sym.shape)}")
+        if arr.dtype.kind == "f" and sym.dtype in ("i8", "i32"):
+            raise LpuError(f"--inputs: '{name}' is {arr.dtype}, the program declares {sym.dtype}")
+        if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+            raise LpuError(f"--inputs: '{name}' holds NaN or infinity")
+        values[name] = arr.astype(values[name].dtype if name in values else arr.dtype)
+    return values
+
+
+def run(prog: Program, values: dict, trace: bool = False):
+    from emulator.run import run as emulate
+    return emulate(prog, values, trace=trace)
+
+
+def check(graph: IRGraph, prog: Program, values: dict, result) -> dict:
+    """Compare the emulator's outputs and final states with the numpy reference."""
+    from compiler.reference import run_reference
+    from compiler.semantics import TOLERANCE
+    outs, states = run_reference(graph, values, k_tile=prog.machine.lanes)
+    ok, max_abs, max_rel, worst = True, 0.0, 0.0, ""
+    for kind, ref, got in (("output", outs, result.outputs), ("state", states, result.states)):
+        for name, r in ref.items():
+            if name not in got:
+                continue
+            e = np.asarray(got[name]).astype(np.float64)
+            r64 = np.asarray(r).astype(np.float64)
+            atol, rtol = TOLERANCE[_dt_name(r)]
+            finite = np.isfinite(r64) & np.isfinite(e)
+            same_inf = (r64 == e) | (np.isnan(r64) & np.isnan(e))
+            diff = np.where(finite, np.abs(e - r64), np.where(same_inf, 0.0, np.inf))
+            rel = diff / np.maximum(np.abs(r64), 1e-30)
+            if diff.size:
+                if float(diff.max()) > max_abs:
+                    max_abs, worst = float(diff.max()), f"{kind} '{name}'"
+                max_rel = max(max_rel, float(np.where(np.abs(r64) > atol, rel, 0).max()))
+                if not np.all(diff <= atol + rtol * np.abs(np.where(finite, r64, 0))):
+                    ok = False
+    return {"ok": bool(ok), "max_abs_err": max_abs, "max_rel_err": max_rel, "worst": worst}
+
+
+def _dt_name(a) -> str:
+    return {np.dtype(np.float16): "f16", np.dtype(np.float32): "f32", np.dtype(np.int8): "i8",
+            np.dtype(np.int32): "i32"}.get(np.asarray(a).dtype, "f32")
+
+
+def write_atomic(path: str, write) -> None:
+    """Call write(tmp_path), then rename onto `path`: nothing half-written is ever left."""
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=d)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def timed(fn, *a, **k):
+    t = time.perf_counter()
+    out = fn(*a, **k)
+    return out, time.perf_counter() - t
+
+
+__all__ = ["compile", "run", "check", "inputs_for", "machine_of", "write_atomic", "compile_source"]
