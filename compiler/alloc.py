@@ -31,9 +31,26 @@ class SlotAllocator:
         self.slices = machine.mem_slices
         self.capacity = machine.mem_slices * machine.banks_per_slice * machine.addresses_per_bank
         self.free: list[list[int]] = [[0, self.capacity]]   # sorted [start, length]
-        self.persistent = 0
         self.in_use = 0
         self.peak = 0
+        self.touched = 0          # slots below this may have held a temporary
+        self.top = self.capacity  # fresh regions are carved downwards from here
+
+    def alloc_fresh(self, n: int, what: str = "") -> int:
+        """A region that no temporary has ever used (for constants placed during lowering:
+        the host loads them before cycle 0, so no earlier write may land there). Taken from
+        the top of SRAM."""
+        n = -(-n // ALIGN) * ALIGN
+        start, length = self.free[-1] if self.free else (0, 0)
+        if start + length == self.top and length >= n and self.top - n >= self.touched:
+            self.free[-1][1] -= n
+            if self.free[-1][1] == 0:
+                self.free.pop()
+            self.in_use += n
+            self.peak = max(self.peak, self.in_use)
+            self.top -= n
+            return self.top
+        return self._fail(n, what)
 
     def alloc(self, n: int, what: str = "") -> int:
         n = -(-n // ALIGN) * ALIGN
@@ -45,7 +62,11 @@ class SlotAllocator:
                     self.free[i] = [start + n, length - n]
                 self.in_use += n
                 self.peak = max(self.peak, self.in_use)
+                self.touched = max(self.touched, start + n)
                 return start
+        return self._fail(n, what)
+
+    def _fail(self, n, what):
         raise CapacityError(
             f"out of SRAM while placing {what or 'a temporary'}: {n * self.m.lanes:,} bytes needed, "
             f"{self.largest_free() * self.m.lanes:,} bytes free in one piece "

@@ -56,12 +56,13 @@ class Lowerer:
         self.chains: list = []
         self.pending_free: list = []
         self._zero = None
+        self.rope_cache: dict = {}
 
     # ---- storage -----------------------------------------------------------------------------
-    def new_region(self, shape, dtype, what, chunk_major=False, owner=None):
+    def new_region(self, shape, dtype, what, chunk_major=False, owner=None, fresh=False):
         w = dtype_width(dtype)
         n = int(np.prod(grid_shape(shape, self.lanes))) * w
-        start = self.alloc.alloc(n, what)
+        start = self.alloc.alloc_fresh(n, what) if fresh else self.alloc.alloc(n, what)
         if owner is not None:
             self.regions[owner] = (start, n)
         return layout(start, shape, w, self.lanes, chunk_major)
@@ -118,7 +119,7 @@ class Lowerer:
         return self._zero
 
     def const_region(self, name, values: np.ndarray, dtype):
-        grid = self.new_region(values.shape, dtype, name)
+        grid = self.new_region(values.shape, dtype, name, fresh=True)
         self.symbol(name, "const", dtype, values.shape, grid, values.astype(L.NP_DTYPE[dtype]))
         return grid
 

@@ -159,9 +159,12 @@ def rope(lw, n):
     rotated = np.concatenate([idx[..., HD // 2:], idx[..., :HD // 2]], axis=-1).reshape(-1)
     rot, rr = lw.temp(x.shape, x.dtype)
     assemble(lw, n, ([x.id], np.zeros(x.size, np.int64), rotated), dst=rot, dtype=x.dtype)
-    cos, sin = rope_tables(x.shape, n.attrs.get("pos", 0), n.attrs.get("theta", 10000.0))
-    cg = lw.const_region(f"__rope_cos{n.id}", cos, "f32")
-    sg = lw.const_region(f"__rope_sin{n.id}", sin, "f32")
+    key = (tuple(x.shape[-2:]), n.attrs.get("pos", 0), n.attrs.get("theta", 10000.0))
+    if key not in lw.rope_cache:
+        cos, sin = rope_tables(*key)
+        lw.rope_cache[key] = (lw.const_region(f"__rope_cos{n.id}", cos, "f32"),
+                              lw.const_region(f"__rope_sin{n.id}", sin, "f32"))
+    cg, sg = lw.rope_cache[key]
     xg, out = lw.grid[x.id], lw.grid[n.id]
     t1, r1 = lw.temp(x.shape, "f32")
     t2, r2 = lw.temp(x.shape, "f32")
