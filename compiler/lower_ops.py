@@ -258,11 +258,14 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
     is_max = n.op == "max"
     sop = O.ROTATE if is_max else O.SHIFT
     chunks = src.shape[-1]
-    t1, r1 = lw.temp((2, lanes), cdt)
-    ta, tb = int(t1[0, 0]), int(t1[1, 0])
+    lead_shape = src.shape[:-1]
+    nrows = int(np.prod(lead_shape, dtype=np.int64))
+    t1, r1 = lw.temp((nrows, 2 * lanes), cdt)       # two scratch vectors per row: rows pipeline
+    t1 = t1.reshape(lead_shape + (2,))
     width = min(c, lanes)
     steps = int(np.ceil(np.log2(width))) if width > 1 else 0
     for lead in np.ndindex(src.shape[:-1]):
+        ta, tb = int(t1[lead + (0,)]), int(t1[lead + (1,)])
         dst = int(out[lead + (0,)])
         vecs = [(int(src[lead + (j,)]), src_n.dtype) for j in range(chunks)]
         if is_max and c % lanes:
