@@ -44,6 +44,25 @@ INT_FIELDS = (
 )
 
 
+MAX_FIELD = 1 << 24  # no size or latency is larger; keeps every address and cycle in int32
+
+
+def _int_field(where: str, key: str, v, low: int) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= MAX_FIELD:
+        want = "a non-negative integer" if low == 0 else "a positive integer" if key in INT_FIELDS else \
+            f"an integer >= {low}"
+        if isinstance(v, int) and not isinstance(v, bool) and v > MAX_FIELD:
+            want = f"at most {MAX_FIELD:,}"
+        raise ConfigError(f"{where}: field '{key}' must be {want}, got {v!r}")
+    return v
+
+
+def _did_you_mean(name: str, known) -> str:
+    import difflib
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
+
+
 @dataclass(frozen=True)
 class MachineConfig:
     name: str
@@ -89,26 +108,36 @@ class MachineConfig:
         where = source
         if not isinstance(data.get("name"), str) or not data.get("name"):
             raise ConfigError(f"{where}: field 'name' is missing or not a string")
+        unknown = set(data) - set(INT_FIELDS) - {"name", "latency", "c2c"}
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}"
+                              + _did_you_mean(sorted(unknown)[0], INT_FIELDS + ("latency", "c2c")))
         vals = {"name": data["name"], "source": source}
         for k in INT_FIELDS:
             if k not in data:
                 raise ConfigError(f"{where}: field '{k}' is missing")
-            v = data[k]
-            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "icu_skew" else 1):
-                raise ConfigError(f"{where}: field '{k}' must be a positive integer, got {v!r}")
-            vals[k] = v
+            low = 0 if k == "icu_skew" else 1
+            vals[k] = _int_field(where, k, data[k], low)
         lat = data.get("latency")
         if not isinstance(lat, dict):
-            raise ConfigError(f"{where}: table [latency] is missing")
+            raise ConfigError(f"{where}: table [latency] is missing" if lat is None else
+                              f"{where}: field 'latency' must be a table [latency], got {lat!r}")
+        extra = set(lat) - set(LATENCY_KEYS)
+        if extra:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join('latency.' + k for k in sorted(extra))}"
+                              + _did_you_mean("latency." + sorted(extra)[0], ["latency." + k for k in LATENCY_KEYS]))
         for k in LATENCY_KEYS:
-            v = lat.get(k)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{where}: field 'latency.{k}' must be an integer >= 1, got {v!r}")
+            if k not in lat:
+                raise ConfigError(f"{where}: field 'latency.{k}' is missing")
+            _int_field(where, f"latency.{k}", lat[k], 1)
         vals["latency"] = {k: lat[k] for k in LATENCY_KEYS}
-        vals["c2c"] = dict(data.get("c2c", {}))
-        unknown = set(data) - set(INT_FIELDS) - {"name", "latency", "c2c"}
-        if unknown:
-            raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        c2c = data.get("c2c", {})
+        if not isinstance(c2c, dict):
+            raise ConfigError(f"{where}: field 'c2c' must be a table [c2c], got {c2c!r}")
+        for k, v in c2c.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ConfigError(f"{where}: field 'c2c.{k}' must be a positive number, got {v!r}")
+        vals["c2c"] = dict(c2c)
         cfg = cls(**vals)
         cfg._validate()
         return cfg

@@ -35,18 +35,27 @@ def compile(path: str, params: dict | None = None, machine=None, stats: CompileS
         return prog, graph_of_binary(prog, params)
     if not os.path.exists(path):
         raise LpuError(f"{path}: no such file")
-    return compile_file(path, params or {}, m, stats)
+    if os.path.isdir(path):
+        raise LpuError(f"{path}: is a directory, not a .lpu program")
+    try:
+        return compile_file(path, params or {}, m, stats)
+    except (OSError, UnicodeDecodeError) as e:
+        raise LpuError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
 
 
 def graph_of_binary(prog: Program, params=None) -> IRGraph | None:
-    """The IR graph of a binary's embedded source (for --check and random inputs), if any."""
+    """The IR graph of a binary's embedded source (for --check and random inputs), if any and if
+    it declares the binary's tensors (a binary compiled with other -p values does not)."""
     if not prog.source_lines:
         return None
     from compiler.frontend import elaborate_source
     try:
-        return elaborate_source("\n".join(prog.source_lines) + "\n", prog.source_name, params or {})
+        graph = elaborate_source("\n".join(prog.source_lines) + "\n", prog.source_name, params or {})
     except LpuError:
         return None
+    declared = {s.name: (s.dtype, tuple(s.shape)) for s in prog.symbols if s.kind in ("input", "weight", "state")}
+    rebuilt = {name: (graph.node(nid).dtype, tuple(graph.node(nid).shape)) for name, nid in graph.decls.items()}
+    return graph if rebuilt == declared else None
 
 
 def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict | None = None) -> dict:
@@ -120,15 +129,54 @@ def _dt_name(a) -> str:
 def write_atomic(path: str, write) -> None:
     """Call write(tmp_path), then rename onto `path`: nothing half-written is ever left."""
     d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=d)
+    if os.path.isdir(path):
+        raise LpuError(f"{path}: is a directory; give a file name to write")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=d)
+    except OSError as e:
+        raise LpuError(f"{path}: cannot write: {e.strerror or e} ({d})") from None
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, _new_file_mode(path))
         os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        raise LpuError(f"{path}: cannot write: {e.strerror or e}") from None
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         raise
+
+
+def _new_file_mode(path: str) -> int:
+    """The mode `open(path, "w")` would give: the existing file's, else 0o666 less the umask."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _remove(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
+def load_npz(path: str) -> dict:
+    """The arrays of an .npz file by name, or an LpuError saying why it cannot be read."""
+    import zipfile
+    if not os.path.isfile(path):
+        raise LpuError(f"{path}: no such file")
+    if not zipfile.is_zipfile(path):
+        raise LpuError(f"{path}: not an .npz file (write one with numpy.savez(path, name=array, ...))")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise LpuError(f"{path}: a damaged .npz file ({e})") from None
 
 
 def timed(fn, *a, **k):

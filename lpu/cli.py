@@ -126,13 +126,7 @@ def cmd_run(a):
     from lpu import api
     params = _params(a.params)
     prog, graph = api.compile(a.program, params, a.machine)
-    given = {}
-    if a.inputs:
-        try:
-            with np.load(a.inputs) as z:
-                given = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as e:
-            raise LpuError(f"{a.inputs}: cannot read as .npz ({e})") from None
+    given = api.load_npz(a.inputs) if a.inputs else {}
     values = api.inputs_for(graph, prog, a.seed, given)
     t0 = time.perf_counter()
     result = api.run(prog, values, trace=bool(a.trace or a.report or a.plot))
@@ -142,6 +136,9 @@ def cmd_run(a):
             "instructions": int(result.instructions), "wall_s": round(wall, 4),
             "utilization": {k: round(float(v), 4) for k, v in result.utilization.items()}}
     if a.check:
+        if graph is None and prog.source_lines:
+            raise LpuError(f"{a.program}: --check rebuilds the reference from the binary's source, which with these "
+                           f"params declares other tensors than the binary; pass the -p NAME=INT it was compiled with")
         if graph is None:
             raise LpuError(f"{a.program}: --check needs the program's source, which this binary does not carry")
         info["check"] = api.check(graph, prog, values, result)
