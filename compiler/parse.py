@@ -197,6 +197,9 @@ def _syntax_error(e: UnexpectedInput, src: SourceText, post: _Newlines) -> Sourc
     start = post.stmt_start
     if start is not None and start.type in ("INPUT", "WEIGHT", "STATE"):
         return SourceError.at(src, line, col, STMT_KIND[start.type] + f", found {_tok_text(tok)}")
+    if prev is not None and prev.type in ("ADDOP", "MULOP", "NEG") and tok.type not in OPERAND_START | {"NEG"}:
+        return SourceError.at(src, line, col, f"missing operand after `{prev}`, found {_tok_text(tok)}",
+                              "an operator needs a value on each side")
     if prev is not None and prev.type in OPERAND_END and tok.type in OPERAND_START:
         return SourceError.at(src, line, col, f"missing operator between `{prev}` and `{tok}`",
                               "insert an operator (+ - * / @) or a comma")

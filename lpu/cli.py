@@ -202,6 +202,25 @@ def cmd_asm(a):
     return 0
 
 
+OUTPUT_ARGS = ("output", "save", "trace", "plot")
+INPUT_ARGS = ("program", "binary", "source", "inputs", "machine", "gpu")
+
+
+def _check_outputs(a):
+    """Before any work: every output file can be written and is none of the inputs."""
+    inputs = [p for p in (getattr(a, k, None) for k in INPUT_ARGS) if isinstance(p, str) and os.path.isfile(p)]
+    for k in OUTPUT_ARGS:
+        out = getattr(a, k, None)
+        if not isinstance(out, str):
+            continue
+        if os.path.isdir(out):
+            raise LpuError(f"{out}: is a directory; give a file name to write")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+            raise LpuError(f"{out}: cannot write: directory {os.path.dirname(out) or '.'} does not exist")
+        if os.path.exists(out) and any(os.path.samefile(out, p) for p in inputs):
+            raise LpuError(f"{out}: is also an input of this command; write the output to another file")
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = build_parser()
@@ -209,6 +228,7 @@ def main(argv=None) -> int:
     from lpu import cli_more
     handlers = {"compile": cmd_compile, "run": cmd_run, "disasm": cmd_disasm, "asm": cmd_asm, **cli_more.HANDLERS}
     try:
+        _check_outputs(a)
         return handlers[a.cmd](a) or 0
     except LpuError as e:
         if a.debug:
