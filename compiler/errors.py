@@ -35,7 +35,10 @@ class SourceError(LpuError):
     def __init__(self, diagnostics: list[Diagnostic]):
         unique = sorted(set(diagnostics), key=lambda d: (d.file, d.line, d.col, d.message))
         self.diagnostics = unique
-        super().__init__("\n".join(d.render() for d in unique))
+        first = unique[0] if unique else Diagnostic("", 0, 0, "")
+        super().__init__("\n".join(d.render() for d in unique), file=first.file, line=first.line, col=first.col,
+                         diagnostics=[{"file": d.file, "line": d.line, "col": d.col, "message": d.message,
+                                       "hint": d.hint} for d in unique])
 
     @classmethod
     def at(cls, source: "SourceText", line: int, col: int, message: str, hint: str = "") -> "SourceError":

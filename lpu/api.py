@@ -58,14 +58,18 @@ def graph_of_binary(prog: Program, params=None) -> IRGraph | None:
     return graph if rebuilt == declared else None
 
 
-def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict | None = None) -> dict:
-    """Values for every input, weight and state: the given ones, the rest from `seed`."""
+def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict | None = None,
+               source: str = "--inputs") -> dict:
+    """Values for every input, weight and state: the given ones, the rest from `seed`.
+    `source` names where `given` came from, in error messages."""
     given = dict(given or {})
     declared = {s.name: s for s in prog.symbols if s.kind in ("input", "weight", "state")}
     unknown = sorted(set(given) - set(declared))
     if unknown:
-        raise LpuError(f"--inputs has {', '.join(unknown)}, which the program does not declare "
-                       f"(it declares {', '.join(sorted(declared)) or 'nothing'})")
+        from compiler.errors import did_you_mean
+        hint = did_you_mean(unknown[0], declared)
+        raise LpuError(f"{source} has {', '.join(repr(u) for u in unknown)}, which the program does not declare "
+                       f"(it declares {', '.join(sorted(declared)) or 'nothing'})" + (f"; {hint}" if hint else ""))
     if graph is not None:
         from compiler.reference import random_values
         values = random_values(graph, seed)
@@ -80,13 +84,25 @@ def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict 
     for name, arr in given.items():
         sym = declared[name]
         arr = np.asarray(arr)
+        want = f"{sym.dtype}{list(sym.shape)}"
         if tuple(arr.shape) != tuple(sym.shape):
-            raise LpuError(f"--inputs: '{name}' has shape {list(arr.shape)}, the program declares {sym.dtype}{list(sym.shape)}")
-        if arr.dtype.kind == "f" and sym.dtype in ("i8", "i32"):
-            raise LpuError(f"--inputs: '{name}' is {arr.dtype}, the program declares {sym.dtype}")
+            raise LpuError(f"{source}: '{name}' has shape {list(arr.shape)}, the program declares {want}")
+        is_int = sym.dtype in ("i8", "i32")
+        if arr.dtype.kind not in ("iu" if is_int else "iuf"):
+            raise LpuError(f"{source}: '{name}' is {arr.dtype}, the program declares {want}"
+                           + ("" if is_int else " (give floats or integers)"))
+        if is_int and arr.size:
+            info = np.iinfo(np.int8 if sym.dtype == "i8" else np.int32)
+            lo, hi = int(info.min), int(info.max)
+            if int(arr.min()) < lo or int(arr.max()) > hi:
+                raise LpuError(f"{source}: '{name}' holds values outside {sym.dtype} range {lo}..{hi}")
         if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
-            raise LpuError(f"--inputs: '{name}' holds NaN or infinity")
-        values[name] = arr.astype(values[name].dtype if name in values else arr.dtype)
+            bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+            raise LpuError(f"{source}: '{name}' holds NaN or infinity (first at index {list(bad)})")
+        with np.errstate(over="ignore"):
+            values[name] = arr.astype(values[name].dtype if name in values else arr.dtype)
+        if values[name].dtype.kind == "f" and not np.all(np.isfinite(values[name])):
+            raise LpuError(f"{source}: '{name}' holds values too large for {sym.dtype}")
     return values
 
 

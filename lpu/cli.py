@@ -127,7 +127,7 @@ def cmd_run(a):
     params = _params(a.params)
     prog, graph = api.compile(a.program, params, a.machine)
     given = api.load_npz(a.inputs) if a.inputs else {}
-    values = api.inputs_for(graph, prog, a.seed, given)
+    values = api.inputs_for(graph, prog, a.seed, given, f"--inputs {a.inputs}")
     t0 = time.perf_counter()
     result = api.run(prog, values, trace=bool(a.trace or a.report or a.plot))
     wall = time.perf_counter() - t0
