@@ -1,0 +1,564 @@
+"""What a run did, cycle by cycle: the emulator's trace records (`RunResult.trace`, in execution
+order) decoded per instruction, written as Chrome trace event JSON (Perfetto, chrome://tracing),
+drawn as a terminal pipeline diagram, and summed up in a report (utilization, SRAM and stream
+occupancy, cycles per DSL line, the bottleneck).
+
+Tracks, one per functional unit in floorplan order west to east, ICU last: per MXM plane p
+`MXM p LW` (weight loads), `MXM p` (IW, ABC) and `MXM p ACC`; `SXM h` per hemisphere;
+`MEM a-b` per group of MEM_GROUP slices (both ports; groups stay within a hemisphere); `VXM` (all
+ALUs); `ICU` (its NOP/REPEAT/SYNC/NOTIFY are not executed instructions, so it stays empty). An
+event spans its unit's occupancy: one cycle, or `f16_pair_cycles` for an f16 ABC, which also
+holds the odd plane of its pair (drawn `--` in the diagram). Events on one track either
+coincide or do not overlap, so timelines nest cleanly in Perfetto.
+
+Per-cycle activity, derived from the executed instructions: MXM MACs (an ABC is lanes^2 MACs,
+spread over the cycles it holds its planes), SRAM bytes read and written (a MEM access is one
+byte plane of `lanes` bytes), and streams in use (distinct (direction, stream) pairs that receive
+a new value in the cycle; a w-byte value uses w streams).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from emulator.run import Trace
+from isa import opcodes as O
+from isa.errors import LpuError
+from isa.machine import MXM_ACC, MXM_CTL, MXM_LW, UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
+from isa.program import Program
+
+MEM_GROUP = 8            # MEM slices per track
+MAX_EVENTS = 200_000     # instruction events kept in a Chrome trace
+COUNTER_SAMPLES = 5_000  # counter samples per counter track (longer windows are bucketed)
+
+MNEMONIC = {
+    "READ": "RD", "WRITE": "WR", "GATHER": "GA", "SCATTER": "SC", "LW": "LW", "IW": "IW", "ABC": "AB",
+    "ACC": "AC", "ADD": "+", "SUB": "-", "MUL": "*", "DIV": "/", "MAX": "mx", "MIN": "mn", "NEG": "ng",
+    "ABS": "ab", "RELU": "re", "CONV": "cv", "EXP": "ex", "LOG": "lg", "SQRT": "sq", "RSQRT": "rs",
+    "TANH": "th", "SIGMOID": "sg", "SILU": "si", "GELU": "ge", "MASK": "mk", "SHIFT": "SH", "ROTATE": "RO",
+    "PERMUTE": "PE", "DISTRIBUTE": "DI", "TPIN": "TI", "TPOUT": "TO",
+}
+HELD = "--"              # diagram cell: the unit is still held by an earlier instruction
+
+
+# ---- tracks ---------------------------------------------------------------------------------------
+def tracks(m) -> tuple[list, np.ndarray]:
+    """([(track name, unit kind name)], track of every queue). An MXM plane has three tracks, one
+    per queue role, so that no two events on a track overlap unless they coincide: `MXM p LW`,
+    `MXM p` (IW, ABC) and `MXM p ACC`."""
+    names, of_queue = [], {}
+
+    def add(name, kind, *keys):
+        for k in keys:
+            of_queue[k] = len(names)
+        names.append((name, kind))
+
+    def mxm(planes):
+        for p in planes:
+            add(f"MXM {p} LW", "mxm", (UNIT_MXM, p, MXM_LW))
+            add(f"MXM {p}", "mxm", (UNIT_MXM, p, MXM_CTL))
+            add(f"MXM {p} ACC", "mxm", (UNIT_MXM, p, MXM_ACC))
+
+    def mem(first):   # groups of MEM_GROUP slices, never across hemispheres
+        for g0 in range(first, first + n, MEM_GROUP):
+            g1 = min(g0 + MEM_GROUP, first + n) - 1
+            add(f"MEM {g0}-{g1}" if g1 > g0 else f"MEM {g0}", "mem", *((UNIT_MEM, s) for s in range(g0, g1 + 1)))
+
+    n, half = m.mem_slices_per_hemisphere, m.mxm_planes_per_hemisphere
+    mxm(range(half))
+    add("SXM 0", "sxm", (UNIT_SXM, 0))
+    mem(0)
+    add("VXM", "vxm", UNIT_VXM)
+    mem(n)
+    add("SXM 1", "sxm", (UNIT_SXM, 1))
+    mxm(range(half, m.mxm_planes))
+    add("ICU", "icu", UNIT_ICU)
+
+    def key(kind, idx, role):
+        return {UNIT_MXM: (kind, idx, role), UNIT_MEM: (kind, idx), UNIT_SXM: (kind, idx)}.get(kind, kind)
+    return names, np.array([of_queue[key(k, i, r)] for (_, k, i, r, _) in m.queues], np.int32)
+
+
+# ---- records --------------------------------------------------------------------------------------
+@dataclass
+class Records:
+    """The executed instructions, in the emulator's execution order, decoded."""
+    program: Program
+    cycles: int          # the run's cycle count
+    cycle: np.ndarray    # issue cycle
+    src: np.ndarray      # instruction index in the program
+    repeat: np.ndarray
+    queue: np.ndarray
+    op: np.ndarray
+    args: np.ndarray     # with REPEAT's field bump applied
+    latency: np.ndarray
+    busy: np.ndarray     # cycles the instruction holds its unit
+    track: np.ndarray
+    line: np.ndarray
+    track_names: list    # [(name, kind)]
+
+    def __len__(self):
+        return len(self.cycle)
+
+
+def records(program: Program, trace: Trace, cycles: int) -> Records:
+    if trace is None:
+        raise LpuError("the run kept no trace (run it with trace=True)")
+    m = program.machine
+    src = np.asarray(trace.index, np.int64)
+    rep = np.asarray(trace.repeat, np.int64)
+    op = program.op[src].astype(np.int64)
+    args = program.args[src].astype(np.int64)
+    field = np.array(O.REPEAT_FIELD, np.int64)[op]
+    bump = np.flatnonzero((field >= 0) & (rep > 0))
+    args[bump, field[bump]] += rep[bump]
+    lat = np.array(O.latency_table(m), np.int64)[op]
+    busy = np.ones(len(op), np.int64)
+    f16_abc = (op == O.ABC) & (args[:, 0] // 256 != O.DT_I8)
+    busy[f16_abc] = m.f16_pair_cycles
+    names, qt = tracks(m)
+    queue = program.queue[src].astype(np.int64)
+    return Records(program, int(cycles), np.asarray(trace.cycle, np.int64), src, rep, queue, op, args, lat, busy,
+                   qt[queue], program.line[src].astype(np.int64), names)
+
+
+def operands(op: int, args) -> dict:
+    """Decoded fields of one instruction: {name: int or 'f16:E3'-style stream operand}."""
+    out = {}
+    for j, (name, kind) in enumerate(O.OPS[op].fields):
+        v = int(args[j])
+        if kind == "ref":
+            dt, d, st = O.split_ref(v)
+            out[name] = (f"{O.DTYPES[dt]}:" if 0 < dt < len(O.DTYPES) else "") + f"{'EW'[d % 2]}{st}"
+        elif kind == "dtype":
+            out[name] = O.DTYPES[v] if 0 <= v < len(O.DTYPES) else v
+        else:
+            out[name] = v
+    return out
+
+
+def _out_refs(r: Records):
+    """(execution index, ref) of every stream operand an instruction writes."""
+    rows, refs = [], []
+    for spec in O.OPS:
+        for j, (name, kind) in enumerate(spec.fields):
+            if kind == "ref" and name == "out":
+                sel = np.flatnonzero(r.op == spec.code)
+                rows.append(sel)
+                refs.append(r.args[sel, j])
+    return np.concatenate(rows), np.concatenate(refs)
+
+
+def activity(r: Records) -> dict:
+    """Per-cycle arrays (length r.cycles): macs, sram_read, sram_written, streams, and busy unit
+    capacity per kind (mxm plane-cycles, vxm ALUs, mem bank accesses, sxm queues)."""
+    m, n = r.program.machine, r.cycles + 1
+    out = {k: np.zeros(n) for k in ("macs", "sram_read", "sram_written", "streams", "mxm", "vxm", "mem", "sxm")}
+    abc = np.flatnonzero(r.op == O.ABC)
+    for k in range(int(r.busy[abc].max()) if len(abc) else 0):
+        sel = abc[r.busy[abc] > k]
+        share = m.lanes * m.lanes / r.busy[sel]
+        np.add.at(out["macs"], r.cycle[sel] + k, share)
+        np.add.at(out["mxm"], r.cycle[sel] + k, np.where(r.busy[sel] > 1, 2, 1))
+    rd = np.isin(r.op, (O.READ, O.GATHER))
+    wr = np.isin(r.op, (O.WRITE, O.SCATTER))
+    out["sram_read"] += np.bincount(r.cycle[rd], minlength=n)[:n] * m.lanes
+    out["sram_written"] += np.bincount(r.cycle[wr], minlength=n)[:n] * m.lanes
+    kind = np.array([k for _, k in r.track_names])[r.track]
+    for k in ("vxm", "mem", "sxm"):
+        out[k] += np.bincount(r.cycle[kind == k], minlength=n)[:n]
+    rows, refs = _out_refs(r)
+    if len(rows):
+        width = np.array(O.DTYPE_WIDTH + (1,) * 8)[np.minimum(refs // 256, len(O.DTYPE_WIDTH))]
+        keys = []
+        for b in range(int(width.max())):
+            sel = width > b
+            t = r.cycle[rows[sel]] + r.latency[rows[sel]]
+            keys.append(t * 128 + (refs[sel] // 64 % 2) * 64 + refs[sel] % 64 + b)
+        t = np.unique(np.concatenate(keys)) // 128
+        out["streams"] += np.bincount(t[t < n], minlength=n)[:n]
+    return {k: v[:r.cycles] for k, v in out.items()}
+
+
+def capacity(m) -> dict:
+    return {"mxm": m.mxm_planes, "vxm": m.vxm_alus, "mem": m.mem_slices * m.banks_per_slice,
+            "sxm": 2 * m.sxm_queues_per_hemisphere, "streams": 2 * m.streams_per_direction}
+
+
+# ---- Chrome trace event JSON ----------------------------------------------------------------------
+def parse_window(text: str | None, cycles: int | None = None, what: str = "--trace-cycles") -> tuple | None:
+    """'A:B' (either side may be empty) -> (A, B), or None for no text."""
+    if text is None:
+        return None
+    a, sep, b = text.partition(":")
+    try:
+        lo = int(a) if a.strip() else 0
+        hi = int(b) if b.strip() else (cycles if cycles is not None else 1 << 62)
+    except ValueError:
+        lo = hi = None
+    if not sep or lo is None or lo < 0 or hi <= lo:
+        raise LpuError(f"{what} expects A:B with 0 <= A < B (cycles), got '{text}'")
+    return lo, hi
+
+
+def chrome_trace(r: Records, window=None, max_events: int = MAX_EVENTS) -> tuple[dict, list]:
+    """(trace document, notes for stderr): one complete event per executed instruction in the
+    window (at most max_events), counter tracks, and thread-name metadata per unit."""
+    m, prog = r.program.machine, r.program
+    lo, hi = window or (0, r.cycles)
+    hi = min(hi, r.cycles)
+    notes = []
+    sel = np.flatnonzero((r.cycle >= lo) & (r.cycle < hi))
+    if window:
+        notes.append(f"trace: cycles {lo}:{hi} only ({len(sel):,} of {len(r):,} instructions)")
+    if len(sel) > max_events:
+        notes.append(f"trace: {len(sel):,} instructions in cycles {lo}:{hi}; kept the first {max_events:,} "
+                     f"(through cycle {int(r.cycle[sel[max_events - 1]])}); choose a window with --trace-cycles A:B")
+        sel = sel[:max_events]
+    us = 1.0 / m.clock_mhz
+    pid = 1
+    ev = [{"ph": "M", "pid": pid, "name": "process_name",
+           "args": {"name": f"LPU {m.name}: {prog.source_name or 'program'}"}}]
+    for tid, (name, kind) in enumerate(r.track_names):
+        ev.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
+        ev.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+    qnames = [q[0] for q in m.queues]
+    for i in sel:
+        op, line, src = int(r.op[i]), int(r.line[i]), int(r.src[i])
+        node = int(prog.node[src])
+        args = {"opcode": O.OPS[op].name, "operands": operands(op, r.args[i]), "queue": qnames[r.queue[i]],
+                "cycle": int(r.cycle[i]), "latency": int(r.latency[i]), "busy_cycles": int(r.busy[i]),
+                "instruction": src, "line": line}
+        if r.repeat[i]:
+            args["repeat"] = int(r.repeat[i])
+        if 0 <= node < len(prog.nodes):
+            args["ir_op"] = prog.nodes[node][0]
+        text = prog.source_line(line)
+        if text:
+            args["source"] = text
+        ev.append({"ph": "X", "pid": pid, "tid": int(r.track[i]), "name": O.OPS[op].name,
+                   "cat": r.track_names[r.track[i]][1], "ts": int(r.cycle[i]) * us, "dur": int(r.busy[i]) * us,
+                   "args": args})
+    act = activity(r)
+    step = max(1, -(-(hi - lo) // COUNTER_SAMPLES))
+    if step > 1:
+        notes.append(f"trace: counters averaged over buckets of {step} cycles")
+    for name, key, unit in (("MXM MACs", "macs", "MACs"), ("SRAM bytes read", "sram_read", "bytes"),
+                            ("SRAM bytes written", "sram_written", "bytes"), ("streams in use", "streams", "streams")):
+        seg = act[key][lo:hi]
+        pad = (-len(seg)) % step
+        vals = np.concatenate([seg, np.zeros(pad)]).reshape(-1, step).mean(axis=1)
+        prev = None
+        for j, v in enumerate(vals):
+            v = float(v) if v != int(v) else int(v)
+            if v != prev:
+                ev.append({"ph": "C", "pid": pid, "name": name, "ts": (lo + j * step) * us, "args": {unit: v}})
+                prev = v
+        ev.append({"ph": "C", "pid": pid, "name": name, "ts": hi * us, "args": {unit: 0}})
+    doc = {"traceEvents": ev, "displayTimeUnit": "ns",
+           "otherData": {"program": prog.source_name, "machine": m.name, "clock_mhz": m.clock_mhz,
+                         "cycles": r.cycles, "window": [lo, hi], "instructions": len(r)}}
+    return doc, notes
+
+
+# ---- the terminal pipeline diagram ----------------------------------------------------------------
+@dataclass
+class Cells:
+    """Instructions by track, the input of the diagram (from records or from a saved trace)."""
+    track_names: list    # [(name, kind)]
+    track: np.ndarray
+    cycle: np.ndarray
+    opname: list
+    busy: np.ndarray
+    cycles: int
+
+
+def cells_of_records(r: Records) -> Cells:
+    busy = r.busy.copy()
+    return Cells(r.track_names, r.track, r.cycle, [O.OPS[o].name for o in r.op], busy, r.cycles)
+
+
+def cells_of_trace(doc: dict, where: str = "trace") -> Cells:
+    """Rebuild the diagram's input from a Chrome trace written by `chrome_trace`."""
+    evs = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(evs, list):
+        raise LpuError(f"{where}: not a Chrome trace (no traceEvents list)")
+    names = {e["tid"]: e["args"]["name"] for e in evs if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    xs = [e for e in evs if e.get("ph") == "X" and "cycle" in e.get("args", {})]
+    if not names:
+        raise LpuError(f"{where}: no LPU unit tracks (was it written by `lpu run --trace`?)")
+    tids = sorted(names)
+    pos = {t: i for i, t in enumerate(tids)}
+    order = [(names[t], names[t].split(" ")[0].lower()) for t in tids]
+    cycles = int(doc.get("otherData", {}).get("cycles", 0)) or (max((e["args"]["cycle"] for e in xs), default=0) + 1)
+    return Cells(order, np.array([pos[e["tid"]] for e in xs], np.int64),
+                 np.array([e["args"]["cycle"] for e in xs], np.int64),
+                 [e["args"].get("opcode", e.get("name", "?")) for e in xs],
+                 np.array([e["args"].get("busy_cycles", 1) for e in xs], np.int64), cycles)
+
+
+def diagram(c: Cells, lo: int, hi: int, kinds=None, pair: bool = True) -> tuple[str, list]:
+    """(text, rows): rows are tracks with activity in cycles lo..hi-1 (of the chosen unit kinds),
+    a 3-character column per cycle holding the mnemonic of the track's most frequent opcode in
+    that cycle ('--': held by an earlier instruction, '.': idle); a cycle ruler every 10."""
+    width = hi - lo
+    grid = {}
+    index = {n: i for i, (n, _) in enumerate(c.track_names)}
+    for t, cyc, name, b in zip(c.track.tolist(), c.cycle.tolist(), c.opname, c.busy.tolist()):
+        if cyc + b <= lo or cyc >= hi:
+            continue
+        targets = [t]
+        if pair and b > 1 and name == "ABC":   # an f16 ABC also holds the odd plane of its pair
+            words = c.track_names[t][0].split()
+            odd = index.get(f"MXM {int(words[1]) + 1}") if len(words) == 2 and words[1].isdigit() else None
+            if odd is not None:
+                targets.append(odd)
+        for k, tt in enumerate(targets):
+            row = grid.setdefault(tt, [dict() for _ in range(width)])
+            for d in range(b):
+                j = cyc + d - lo
+                if 0 <= j < width:
+                    label = MNEMONIC.get(name, name[:2]) if (d == 0 and k == 0) else HELD
+                    row[j][label] = row[j].get(label, 0) + 1
+    rows = []
+    for t in sorted(grid):
+        name, kind = c.track_names[t]
+        if kinds and kind not in kinds:
+            continue
+        cells = []
+        for counts in grid[t]:
+            real = {k: v for k, v in counts.items() if k != HELD}
+            pick = counts if not real else real
+            cells.append(max(sorted(pick), key=lambda k: pick[k]) if pick else ".")
+        rows.append((name, cells))
+    label_w = max([len(n) for n, _ in rows] + [5]) + 2
+    ruler = [" "] * (3 * width + 6)
+    for cyc in range(lo, hi):
+        if cyc % 10 == 0 or cyc == lo:
+            s = str(cyc)
+            j = 3 * (cyc - lo)
+            if all(ch == " " for ch in ruler[max(0, j - 1):j + len(s)]):
+                ruler[j:j + len(s)] = s
+    lines = ["cycle".ljust(label_w) + "".join(ruler).rstrip()]
+    for name, cells in rows:
+        lines.append(name.ljust(label_w) + "".join(x.ljust(3) for x in cells).rstrip())
+    used = sorted({x for _, cells in rows for x in cells if x not in (".", HELD)})
+    back = {v: k for k, v in MNEMONIC.items()}
+    if rows:
+        lines.append("")
+        lines.append("  ".join(f"{x}={back.get(x, x)}" for x in used) + f"  {HELD}=unit held  .=idle")
+    else:
+        lines.append(f"(no unit is active in cycles {lo}:{hi})")
+    return "\n".join(lines) + "\n", rows
+
+
+# ---- the report -----------------------------------------------------------------------------------
+BOUND_AT = 0.5   # a unit busy at least this share of its capacity bounds the run
+LINE_RULE = ("each cycle goes to the DSL line with the most instructions in flight in it (issue to result "
+             "cycle), ties to the lower line; a cycle with nothing in flight ('idle') to the line that starts next "
+             "(the last ones to the line before); the final ICU skew cycles to '(skew)'")
+
+
+def _sram(r: Records) -> dict:
+    """Peak live SRAM: named inputs, weights, states and constants live all run, outputs from their
+    write, other addresses from each write to its last read (GATHER/SCATTER: the base address)."""
+    m, prog = r.program.machine, r.program
+    naddr, C = m.addresses_per_bank, r.cycles
+    mem = np.flatnonzero(np.isin(r.op, (O.READ, O.WRITE, O.GATHER, O.SCATTER)))
+    qslice = np.array([q[2] for q in m.queues], np.int64)
+    key = (qslice[r.queue[mem]] * m.banks_per_slice + r.args[mem, 0]) * naddr + r.args[mem, 1]
+    wr = np.isin(r.op[mem], (O.WRITE, O.SCATTER))
+    cyc = r.cycle[mem]
+    diff = np.zeros(C + 2)
+    tensors, sym_keys = [], []
+    for s in prog.symbols:
+        k = ((np.asarray(s.slices, np.int64) * m.banks_per_slice + s.banks) * naddr + s.addrs).ravel()
+        sym_keys.append(k)
+        tensors.append({"name": s.name, "kind": s.kind, "dtype": s.dtype, "shape": list(s.shape),
+                        "bytes": int(k.size * m.lanes)})
+        if s.kind == "output":
+            first = {}
+            for kk, t in zip(key[wr].tolist(), cyc[wr].tolist()):
+                first[kk] = min(t, first.get(kk, t))
+            starts = np.array([first.get(kk, C) for kk in k.tolist()], np.int64)
+        else:
+            starts = np.zeros(k.size, np.int64)
+        diff[:C + 1] += np.bincount(starts, minlength=C + 1)[:C + 1]
+    named = np.unique(np.concatenate(sym_keys)) if sym_keys else np.zeros(0, np.int64)
+    tmp = ~np.isin(key, named)
+    k, c, w = key[tmp], cyc[tmp], wr[tmp]
+    order = np.lexsort((c, k))
+    k, c, w = k[order], c[order], w[order]
+    if len(k):
+        new = np.ones(len(k), bool)
+        new[1:] = (k[1:] != k[:-1]) | w[1:]
+        start = c[new]
+        end = np.maximum.reduceat(c, np.flatnonzero(new))
+        diff += np.bincount(start, minlength=C + 2)[:C + 2] - np.bincount(end + 1, minlength=C + 2)[:C + 2]
+    live = np.cumsum(diff)[:max(C, 1)]
+    peak_cycle = int(np.argmax(live))
+    tensors.sort(key=lambda t: -t["bytes"])
+    return {"capacity_bytes": int(m.sram_bytes), "peak_live_bytes": int(live[peak_cycle] * m.lanes),
+            "peak_cycle": peak_cycle, "tensor_bytes": int(sum(t["bytes"] for t in tensors)),
+            "footprint_bytes": int(len(np.union1d(named, key)) * m.lanes), "tensors": tensors}
+
+
+def _lines(r: Records) -> list:
+    """Cycles per DSL line (LINE_RULE); the rows add up to r.cycles."""
+    prog, C = r.program, r.cycles
+    end = np.minimum(r.cycle + np.maximum(r.latency, r.busy - 1) + 1, C)
+    best = np.zeros(C, np.int64)
+    owner = np.full(C, -1, np.int64)
+    for L in np.unique(r.line):
+        sel = r.line == L
+        d = np.bincount(r.cycle[sel], minlength=C + 1)[:C + 1] - np.bincount(end[sel], minlength=C + 1)[:C + 1]
+        cnt = np.cumsum(d)[:C]
+        better = cnt > best
+        best[better], owner[better] = cnt[better], L
+    idle = owner < 0
+    pos = np.where(owner >= 0, np.arange(C), C)
+    nxt = np.minimum.accumulate(pos[::-1])[::-1]          # the next cycle with something in flight
+    prv = np.maximum.accumulate(np.where(owner >= 0, np.arange(C), -1))
+    owner = np.where(nxt < C, owner[np.minimum(nxt, C - 1)], np.where(prv >= 0, owner[np.maximum(prv, 0)], -1))
+    owner[C - min(prog.machine.icu_skew, C):] = -2
+    rows = []
+    for L, n in zip(*np.unique(owner, return_counts=True)):
+        L = int(L)
+        row = {"line": L if L >= 0 else None, "cycles": int(n), "share": round(float(n) / C, 4),
+               "idle": int((idle & (owner == L)).sum())}
+        if L >= 0:
+            sel = r.line == L
+            ops = list(dict.fromkeys(prog.nodes[i][0] for i in prog.node[r.src[sel]].tolist() if 0 <= i < len(prog.nodes)))
+            row.update(label=f"line {L}" if L else "(no line)", source=prog.source_line(L),
+                       instructions=int(sel.sum()), macs=int((r.op[sel] == O.ABC).sum()) * prog.machine.lanes ** 2,
+                       ir_ops=ops)
+        else:
+            row.update(label="(idle)" if L == -1 else "(skew)", source="", instructions=0, macs=0, ir_ops=[])
+        rows.append(row)
+    rows.sort(key=lambda x: (-x["cycles"], x["line"] if x["line"] is not None else 1 << 30))
+    return rows
+
+
+def report(r: Records) -> dict:
+    m, C = r.program.machine, max(r.cycles, 1)
+    act = activity(r)
+    cap = capacity(m)
+    util = {k: float(act[k].sum()) / (C * cap[k]) for k in ("mxm", "vxm", "mem", "sxm")}
+    units = []
+    index = {n: i for i, (n, _) in enumerate(r.track_names)}
+    qcount = np.bincount(tracks(m)[1], minlength=len(r.track_names))
+    for t, (name, kind) in enumerate(r.track_names):
+        sel = r.track == t
+        words = name.split()
+        if kind == "mxm" and len(words) == 2:   # plane-cycles held by ABCs, its own and its pair's
+            p = int(words[1])
+            pair = (r.track == index[f"MXM {p - 1}"]) & (r.busy > 1) if p % 2 else np.zeros(len(r), bool)
+            busy, per = int(r.busy[(r.op == O.ABC) & (sel | pair)].sum()), 1
+        elif kind == "mem":
+            lo, _, hi = words[1].partition("-")
+            busy, per = int(sel.sum()), (int(hi or lo) - int(lo) + 1) * m.banks_per_slice
+        elif kind != "icu":
+            busy, per = int(sel.sum()), int(qcount[t])
+        else:
+            continue
+        units.append({"unit": name, "kind": kind, "instructions": int(sel.sum()),
+                      "utilization": round(busy / (C * per), 4)})
+    kinds = np.array([k for _, k in r.track_names])[r.track]
+    counts = {k: int((kinds == k).sum()) for k in ("mem", "vxm", "mxm", "sxm")}
+    ops = {O.OPS[o].name: int(n) for o, n in zip(*np.unique(r.op, return_counts=True))}
+    streams = {"streams": cap["streams"], "mean_in_use": round(float(act["streams"].mean()) if r.cycles else 0.0, 3),
+               "peak_in_use": int(act["streams"].max()) if r.cycles else 0,
+               "peak_cycle": int(np.argmax(act["streams"])) if r.cycles else 0}
+    streams["occupancy"] = round(streams["mean_in_use"] / cap["streams"], 4)
+    lines = _lines(r)
+    return {"cycles": r.cycles, "time_us": r.cycles / m.clock_mhz, "instructions": len(r),
+            "utilization": {k: round(v, 4) for k, v in util.items()}, "units": units,
+            "instructions_per_unit": counts, "opcodes": ops, "sram": _sram(r), "streams": streams,
+            "lines": lines, "line_rule": LINE_RULE,
+            "bottleneck": _bottleneck(util, streams, lines, act, m)}
+
+
+def _bottleneck(util, streams, lines, act, m) -> dict:
+    measures = {"MXM": (util["mxm"], f"the MXM planes are busy in {util['mxm']:.0%} of plane-cycles "
+                        f"({act['macs'].sum():,.0f} MACs at a peak of {m.macs_per_cycle('f16'):,} f16 MACs/cycle)"),
+                "stream": (streams["occupancy"], f"on average {streams['mean_in_use']:.1f} of the "
+                           f"{streams['streams']} streams receive a value each cycle"),
+                "SRAM": (util["mem"], f"the MEM banks are accessed in {util['mem']:.0%} of bank-cycles"),
+                "VXM": (util["vxm"], f"the VXM ALUs are busy in {util['vxm']:.0%} of ALU-cycles")}
+    name, (value, why) = max(measures.items(), key=lambda kv: kv[1][0])
+    busiest = {"MXM": "MXM planes", "stream": "streams", "SRAM": "SRAM banks", "VXM": "VXM ALUs"}[name]
+    if value >= BOUND_AT:
+        return {"kind": f"{name}-bound", "reason": why}
+    top = next((x for x in lines if x["line"] is not None), None)
+    idle = sum(x["idle"] for x in lines) / max(1, sum(x["cycles"] for x in lines))
+    where = f"; {idle:.0%} of the cycles have nothing in flight"
+    where += f"; the most cycles go to {top['label']} ({top['cycles']:,})" if top else ""
+    return {"kind": "latency-bound",
+            "reason": f"no unit is busy more than {value:.0%} of its capacity (the busiest: {busiest}); the cycles go "
+                      f"to dependent instructions waiting for results (functional latency, hops, superlane skew)"
+                      f"{where}"}
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+
+
+def format_report(rep: dict, top: int = 12) -> str:
+    b = rep["bottleneck"]
+    out = [f"bottleneck: {b['kind']}: {b['reason']}",
+           f"{rep['cycles']:,} cycles ({rep['time_us']:.2f} us), {rep['instructions']:,} instructions executed",
+           "utilization by unit (share of capacity: MXM plane-cycles with an ABC, MEM bank-cycles, ALU/queue-cycles):"]
+    for u in rep["units"]:
+        if u["instructions"] or u["utilization"]:
+            out.append(f"  {u['unit']:<10} {u['utilization']:7.1%}  {u['instructions']:>9,} instructions")
+    out.append("  all: " + ", ".join(f"{k} {v:.1%}" for k, v in rep["utilization"].items()))
+    out.append("instructions per unit: " + ", ".join(f"{k} {v:,}" for k, v in rep["instructions_per_unit"].items())
+               + "  (" + ", ".join(f"{k} {v:,}" for k, v in rep["opcodes"].items()) + ")")
+    s = rep["sram"]
+    out.append(f"SRAM: peak live {_bytes(s['peak_live_bytes'])} at cycle {s['peak_cycle']:,} of "
+               f"{_bytes(s['capacity_bytes'])}; named tensors {_bytes(s['tensor_bytes'])}, "
+               f"every address used {_bytes(s['footprint_bytes'])}")
+    for t in s["tensors"][:top]:
+        out.append(f"  {t['name']:<12} {t['kind']:<7} {t['dtype']}{t['shape']}  {_bytes(t['bytes'])}")
+    if len(s["tensors"]) > top:
+        out.append(f"  ... {len(s['tensors']) - top} more")
+    st = rep["streams"]
+    out.append(f"streams: {st['mean_in_use']:.2f} of {st['streams']} in use per cycle on average "
+               f"({st['occupancy']:.1%}), peak {st['peak_in_use']} at cycle {st['peak_cycle']:,}")
+    out.append(f"cycles per DSL line ({rep['line_rule']}):")
+    out.append(f"  {'line':<10} {'cycles':>9} {'share':>7} {'idle':>9}  source  [IR ops]")
+    for x in rep["lines"]:
+        ops = f"  [{', '.join(x['ir_ops'])}]" if x["ir_ops"] else ""
+        out.append(f"  {x['label']:<10} {x['cycles']:>9,} {x['share']:7.1%} {x['idle']:>9,}  {x['source'][:56]}{ops}")
+    out.append(f"  {'total':<10} {sum(x['cycles'] for x in rep['lines']):>9,}")
+    return "\n".join(out) + "\n"
+
+
+def plot(r: Records, path: str, buckets: int = 400) -> None:
+    """Utilization over time per unit kind, as a PNG (needs matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise LpuError("--plot needs matplotlib: pip install 'lpu[plot]' (or pip install matplotlib)") from None
+    act, cap = activity(r), capacity(r.program.machine)
+    step = max(1, -(-r.cycles // buckets))
+    keys = ("mxm", "vxm", "mem", "sxm", "streams")
+    fig, axes = plt.subplots(len(keys), 1, sharex=True, figsize=(10, 1.4 * len(keys) + 1))
+    for ax, k in zip(axes, keys):
+        v = act[k]
+        v = np.concatenate([v, np.zeros((-len(v)) % step)]).reshape(-1, step).mean(axis=1) / cap[k]
+        ax.fill_between(np.arange(len(v)) * step, v, step="post", alpha=0.6)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel(k.upper() if k != "streams" else "streams", rotation=0, ha="right", va="center")
+    axes[-1].set_xlabel(f"cycle ({step} per bar)" if step > 1 else "cycle")
+    m = r.program.machine
+    axes[0].set_title(f"{r.program.source_name or 'program'} on {m.name}: utilization over {r.cycles:,} cycles")
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+    plt.close(fig)
