@@ -62,8 +62,9 @@ def _koff(d: int, off: int, pos: int) -> int:
 
 
 class ChainBuilder:
-    def __init__(self, ctx: Ctx, line: int = 0, node: int = -1):
+    def __init__(self, ctx: Ctx, line: int = 0, node: int = -1, hint: tuple = ()):
         self.c = ctx
+        self.hint = hint
         self.ins: list[Ins] = []
         self.groups: list = []
         self.line = line
@@ -81,7 +82,7 @@ class ChainBuilder:
         return False
 
     def chain(self) -> Chain:
-        return Chain(self.ins, self.groups, self.line, self.node)
+        return Chain(self.ins, self.groups, self.line, self.node, self.hint)
 
     def _group(self, d, koff, w) -> int:
         self.groups.append((d, koff, w))

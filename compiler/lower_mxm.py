@@ -105,7 +105,7 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans):
                   mark=((("iw", u), 0),), pair=pair)
             lw.chains.append(cb.chain())
             for mi, row in enumerate(rows):
-                cb = ChainBuilder(c, n.line, n.id)
+                cb = ChainBuilder(c, n.line, n.id, hint=(("abc", u), hold - c.m.n_positions))
                 gi = cb.read(int(agrid[row, kt]), w, pos, 0)
                 after = [(("iw", u), 1)]
                 if kt == 0:
@@ -114,7 +114,7 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans):
                        mark=((("abc", u), 0), (("abcrow", u, mi), c.lat[O.ABC])), hold=hold, pair=pair)
                 lw.chains.append(cb.chain())
         for mi, row in enumerate(rows):
-            cb = ChainBuilder(c, n.line, n.id)
+            cb = ChainBuilder(c, n.line, n.id, hint=(("acc", u), 1 - c.m.n_positions))
             go = cb.write(int(ogrid[row, nt]), 4, pos, c.lat[O.ACC])
             cb.acc(u, 0, mi, (go, odt), after=((("abcrow", u, mi), 0),), mark=((("acc", u, mi), 0),))
             lw.chains.append(cb.chain())

@@ -50,6 +50,8 @@ class Chain:
     groups: list           # [(dir, koff, width)]: diagonal k = T + koff
     line: int = 0
     node: int = -1
+    hint: tuple = ()       # (key, delta): start the search at the anchor of the previous chain
+                           # with this key + delta (chains that follow each other on one unit)
 
 
 @dataclass
@@ -73,6 +75,7 @@ class Scheduler:
         self.slot_w: dict[int, int] = {}    # slot -> last write cycle
         self.slot_r: dict[int, int] = {}    # slot -> last read cycle
         self.markers: dict = {}
+        self.hints: dict = {}
         self.out = Placed()
         self.last_cycle = -1                # max over placed instructions of issue + latency
         self.n_chains = 0
@@ -112,10 +115,28 @@ class Scheduler:
 
     def place(self, chain: Chain, floor: int = 0) -> int:
         """Place `chain` at the earliest feasible anchor >= floor; return the anchor."""
+        if chain.hint:
+            prev = self.hints.get(chain.hint[0])
+            if prev is not None and prev + chain.hint[1] > floor:
+                floor = prev + chain.hint[1]
         T = self._earliest(chain, floor)
         qbusy, bbusy = self.qbusy, self.bbusy
         limit = T + 1_000_000
+        pilots = [ins for ins in chain.ins if len(ins.queues) == 1]
         while T < limit:
+            # fast skip: advance until the single-queue instructions (a unit's only queue) are free
+            moved = True
+            while moved:
+                moved = False
+                for ins in pilots:
+                    q0 = ins.queues[0] * BIG
+                    while q0 + T + ins.off in qbusy:
+                        T += 1
+                        moved = True
+                    for eq, eoff in ins.extra:
+                        while eq * BIG + T + eoff in qbusy:
+                            T += 1
+                            moved = True
             ok = True
             chosen = []
             for ins in chain.ins:
@@ -157,6 +178,8 @@ class Scheduler:
                     ok = self._distinct_groups(chain, T, sids)
             if ok:
                 self._commit(chain, T, chosen, sids)
+                if chain.hint:
+                    self.hints[chain.hint[0]] = T
                 return T
             T += 1
         raise AssertionError(f"scheduler: no cycle found for a chain of DSL line {chain.line} "
