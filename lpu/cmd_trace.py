@@ -75,6 +75,7 @@ def after_run(args, prog, result, info):
         raise LpuError("--trace-cycles needs --trace FILE.json")
     if not (want_trace or want_report or want_plot):
         return
+    from emulator import report as R
     from emulator import trace as T
     from lpu.api import write_atomic
     r = T.records(prog, result.trace, result.cycles)
@@ -90,13 +91,13 @@ def after_run(args, prog, result, info):
         write_atomic(want_trace, write)
         info["trace"] = want_trace
     if want_plot:
-        write_atomic(want_plot, lambda tmp: T.plot(r, tmp))
+        write_atomic(want_plot, lambda tmp: R.plot(r, tmp))
         info["plot"] = want_plot
     if want_report:
-        rep = T.report(r)
+        rep = R.report(r)
         info["report"] = rep
         if not args.json:
-            sys.stdout.write(T.format_report(rep))
+            sys.stdout.write(R.format_report(rep))
 
 
 HANDLERS = {"trace": cmd_trace}
