@@ -126,8 +126,9 @@ def check(graph: IRGraph, prog: Program, values: dict, result) -> dict:
             atol, rtol = TOLERANCE[_dt_name(r)]
             finite = np.isfinite(r64) & np.isfinite(e)
             same_inf = (r64 == e) | (np.isnan(r64) & np.isnan(e))
-            diff = np.where(finite, np.abs(e - r64), np.where(same_inf, 0.0, np.inf))
-            rel = diff / np.maximum(np.abs(r64), 1e-30)
+            with np.errstate(invalid="ignore", over="ignore"):
+                diff = np.where(finite, np.abs(e - r64), np.where(same_inf, 0.0, np.inf))
+                rel = diff / np.maximum(np.abs(r64), 1e-30)
             if diff.size:
                 if float(diff.max()) > max_abs:
                     max_abs, worst = float(diff.max()), f"{kind} '{name}'"

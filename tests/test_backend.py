@@ -1,0 +1,137 @@
+"""End-to-end: DSL source -> compiled program -> emulated result, against the numpy reference,
+with the compiler's predicted cycles equal to the emulator's."""
+import os
+
+import numpy as np
+import pytest
+
+from compiler.driver import compile_source
+from emulator.run import HazardError, run
+from isa.machine import MachineConfig
+from isa.opcodes import BY_NAME, NOP
+from lpu import api
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAMS = os.path.join(ROOT, "programs")
+
+
+@pytest.fixture(scope="module")
+def tsp():
+    return MachineConfig.load("tsp-v1")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return MachineConfig.load("tiny")
+
+
+def compile_run_check(src, machine, seed=0, params=None):
+    prog, graph = compile_source(src, "t.lpu", params or {}, machine)
+    values = api.inputs_for(graph, prog, seed)
+    res = run(prog, values)
+    chk = api.check(graph, prog, values, res)
+    return prog, res, chk
+
+
+@pytest.mark.parametrize("dt", ["f16", "i8"])
+@pytest.mark.parametrize("mname", ["tsp-v1", "tiny"])
+def test_matmul_odd_shapes_match_reference(dt, mname):
+    m = MachineConfig.load(mname)
+    src = f"input a : {dt}[3, 700]\nweight b : {dt}[700, 450]\noutput y = a @ b\n"
+    prog, res, chk = compile_run_check(src, m)
+    assert res.cycles == prog.predicted_cycles
+    assert chk["ok"], chk
+    if dt == "i8":
+        assert chk["max_abs_err"] == 0.0
+
+
+@pytest.mark.parametrize("mname", ["tsp-v1", "tiny"])
+def test_mlp_checks_with_equal_cycles(mname):
+    m = MachineConfig.load(mname)
+    prog, graph = api.compile(os.path.join(PROGRAMS, "mlp.lpu"), {}, m)
+    values = api.inputs_for(graph, prog, 0)
+    res = run(prog, values)
+    assert res.cycles == prog.predicted_cycles
+    assert api.check(graph, prog, values, res)["ok"]
+    assert res.utilization["mxm"] > 0
+
+
+ELEMENTWISE = [
+    ("f32", "exp(x) + sigmoid(x) * tanh(x)"),
+    ("f32", "maximum(x, 0.5) - minimum(x, -0.25) / 2.0"),
+    ("f16", "gelu(x) + silu(x) - relu(x)"),
+    ("f32", "sqrt(abs(x)) + log(abs(x) + 1.0) + rsqrt(abs(x) + 1.0)"),
+    ("f32", "x - mean(x, axis=-1)"),
+    ("f32", "x / sum(x, axis=0)"),
+    ("f16", "softmax(x)"),
+    ("f32", "causal(x, offset=1)"),
+    ("f32", "max(x, axis=-1) + max(x, axis=0)"),
+    ("i8", "i8(x * 3) + x"),
+    ("i32", "i32(x) * 7 - x"),
+    ("f32", "f16(x) + 1.5"),
+]
+
+
+@pytest.mark.parametrize("dt,expr", ELEMENTWISE)
+def test_elementwise_and_reductions_on_tiny(tiny, dt, expr):
+    src = f"input x : {dt}[5, 37]\noutput y = {expr}\n"
+    prog, res, chk = compile_run_check(src, tiny)
+    assert res.cycles == prog.predicted_cycles
+    assert chk["ok"], chk
+
+
+MOVES = [
+    "x[1:4, 3:30]",
+    "concat([x[:, 0:5], x[:, 20:37], x[:, 5:7]], axis=1)",
+    "concat([x, x], axis=0)",
+    "reshape(x[:, 0:36], [5, 6, 6])",
+    "x.T",
+    "transpose(reshape(x[:, 0:36], [5, 4, 9]), [1, 0, 2])",
+    "rope(x[:, 0:36], 3)",
+    "x[2]",
+    "x[:, 0:18] @ x[:, 18:36].T",
+]
+
+
+@pytest.mark.parametrize("expr", MOVES)
+def test_data_movement_on_tiny(tiny, expr):
+    src = f"input x : f16[5, 37]\noutput y = {expr}\n"
+    prog, res, chk = compile_run_check(src, tiny)
+    assert res.cycles == prog.predicted_cycles
+    assert chk["ok"], chk
+
+
+def test_state_store_then_read_sees_new_value(tiny):
+    src = ("input x : f16[2, 20]\nstate c : f16[8, 20]\n"
+           "a = c[0:2, :]\nc[2:4, :] <- x\nb = c[1:4, :]\noutput y = b + 1.0\noutput z = a * 2.0\n")
+    prog, res, chk = compile_run_check(src, tiny)
+    assert chk["ok"], chk
+
+
+def _shift_first(prog, opname, delta):
+    """A copy of prog with the first `opname` instruction issued `delta` cycles later (by the
+    NOP in front of it)."""
+    op = BY_NAME[opname].code
+    idx = int(np.nonzero(prog.op == op)[0][0])
+    assert prog.op[idx - 1] == NOP, "expected a NOP in front"
+    args = prog.args.copy()
+    args[idx - 1, 0] += delta
+    return type(prog)(**{**prog.__dict__, "args": args})
+
+
+@pytest.mark.parametrize("opname,delta", [("READ", -1), ("READ", 1), ("ACC", -1)])
+def test_moved_instruction_is_reported_not_run(tsp, opname, delta):
+    prog, graph = compile_source("input a : f16[3, 40]\nweight b : f16[40, 30]\noutput y = a @ b\n",
+                                 "t.lpu", {}, tsp)
+    bad = _shift_first(prog, opname, delta)
+    with pytest.raises(HazardError) as e:
+        run(bad, api.inputs_for(graph, prog, 0))
+    assert e.value.line == 3 and e.value.cycle >= 0
+
+
+def test_compile_is_deterministic(tiny):
+    from isa.encoding import encode
+    src = open(os.path.join(PROGRAMS, "attention_decode.lpu")).read()
+    a, _ = compile_source(src, "a.lpu", {}, tiny)
+    b, _ = compile_source(src, "a.lpu", {}, tiny)
+    assert encode(a) == encode(b)
