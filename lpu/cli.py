@@ -63,9 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source")
     p.add_argument("-o", dest="output", required=True)
     _common(p, compiles=False)
-    p = sub.add_parser("demo", help="compile and run the bundled programs; LPU against GPU")
-    _common(p, compiles=False)
-    p.set_defaults(json=False)
     from lpu import cli_more
     cli_more.add_parsers(sub, _common)
     return ap

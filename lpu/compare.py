@@ -63,10 +63,12 @@ def cycles_per_line(program, issue, src, total: int) -> dict[int, int]:
     return out
 
 
-def _lpu_side(program, graph, emulate: bool) -> dict:
+def _lpu_side(program, graph, emulate: bool, progress=None) -> dict:
     m = program.machine
     if emulate:
         from lpu import api
+        if progress:
+            progress(f"emulating {program.predicted_cycles:,} cycles ...")
         values = api.inputs_for(graph, program, 0)
         result = api.run(program, values, trace=True)
         total = int(result.cycles)
@@ -101,7 +103,7 @@ def _line_ops(graph, gpu_cost) -> dict[int, str]:
 
 
 def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = False,
-                  capacity: CapacityError | None = None, machine_name: str | None = None) -> dict:
+                  capacity: CapacityError | None = None, machine_name: str | None = None, progress=None) -> dict:
     """The comparison as a JSON-ready dict. `program` None (with `capacity`): GPU side only."""
     from gpu_baseline.model import BOUNDS, cost_graph, is_decode
     cost = cost_graph(graph, gpu, launch)
@@ -111,7 +113,7 @@ def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = F
         bound_time.setdefault(o.line, {b: 0.0 for b in BOUNDS})[o.bound] += o.time_us
     decode = is_decode(graph)
     if program is not None:
-        lpu = _lpu_side(program, graph, emulate)
+        lpu = _lpu_side(program, graph, emulate, progress)
     else:
         info = capacity.info if capacity is not None else {}
         lpu = {"machine": machine_name, "cycles": None, "time_us": None, "per_line_cycles": {},
@@ -149,19 +151,22 @@ def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = F
 
 
 def compare(path: str, params: dict | None = None, machine=None, gpu="h100-sxm", launch: str = "stream",
-            emulate: bool = False) -> dict:
-    """Compile `path` (elaborate only, if it does not fit one chip) and compare."""
+            emulate: bool = False, progress=None) -> dict:
+    """Compile `path` (elaborate only, if it does not fit one chip) and compare; `progress(text)`
+    hears about each stage."""
     from gpu_baseline.gpus import GpuConfig, load_gpu
     from lpu import api
     gpu = gpu if isinstance(gpu, GpuConfig) else load_gpu(gpu)
     gpu.launch_us(launch)                                   # a bad launch mode fails before compiling
+    if progress:
+        progress(f"compiling {path} ...")
     try:
         program, graph = api.compile(path, params or {}, machine)
     except CapacityError as e:
         from compiler.frontend import elaborate_file
         return compare_graph(None, elaborate_file(path, params or {}), gpu, launch, capacity=e,
                              machine_name=api.machine_of(machine).name)
-    return compare_graph(program, graph, gpu, launch, emulate)
+    return compare_graph(program, graph, gpu, launch, emulate, progress=progress)
 
 
 # ---- the sweep ----------------------------------------------------------------------------------
@@ -189,8 +194,8 @@ def sweep(path: str, name: str, values, params=None, machine=None, gpu="h100-sxm
     rows = []
     for i, v in enumerate(values):
         if progress:
-            progress(f"[{i + 1}/{len(values)}] compiling {path} with {name}={v} ...")
-        d = compare(path, {**(params or {}), name: v}, machine, gpu, launch)
+            progress(f"[{i + 1}/{len(values)}] {name}={v}")
+        d = compare(path, {**(params or {}), name: v}, machine, gpu, launch, progress=progress)
         rows.append({name: v, "param": name, "value": v, "phase": d["phase"], "lpu_us": d["lpu"]["time_us"],
                      "chips_needed": d["lpu"]["chips_needed"], "gpu_us": d["gpu"]["time_us"],
                      "ratio": d["speedup"], "gpu_bound": d["gpu"]["bound"]})
@@ -322,6 +327,10 @@ def add_parser(sub, common):
     common(p)
 
 
+def _stderr(text: str):
+    print(text, file=sys.stderr, flush=True)
+
+
 def cmd_compare(a):
     from gpu_baseline.gpus import load_gpu
     from lpu.cli import _params
@@ -330,7 +339,7 @@ def cmd_compare(a):
     if a.sweep:
         name, values = parse_sweep(a.sweep)
         rows = sweep(a.program, name, values, params, a.machine, gpu, a.launch,
-                     progress=lambda t: print(t, file=sys.stderr, flush=True))
+                     progress=_stderr)
         if a.plot:
             plot_sweep(rows, gpu.name, a.plot)
         if a.json:
@@ -339,8 +348,7 @@ def cmd_compare(a):
         else:
             print(format_sweep(rows, gpu.name))
         return 0
-    print(f"compiling {a.program} ...", file=sys.stderr, flush=True)
-    d = compare(a.program, params, a.machine, gpu, a.launch, a.emulate)
+    d = compare(a.program, params, a.machine, gpu, a.launch, a.emulate, progress=_stderr)
     if a.plot:
         plot_ops(d, a.plot)
     print(json.dumps(d) if a.json else format_compare(d))
