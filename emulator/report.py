@@ -184,7 +184,8 @@ def format_report(rep: dict, top: int = 12) -> str:
     st = rep["streams"]
     out.append(f"streams: {st['mean_in_use']:.2f} of {st['streams']} in use per cycle on average "
                f"({st['occupancy']:.1%}), peak {st['peak_in_use']} at cycle {st['peak_cycle']:,}")
-    out.append(f"cycles per DSL line ({rep['line_rule']}):")
+    out.append("cycles per DSL line (a cycle goes to the line with the most instructions in flight; "
+               "'idle' cycles, with none, to the line that starts next):")
     out.append(f"  {'line':<10} {'cycles':>9} {'share':>7} {'idle':>9}  source  [IR ops]")
     for x in rep["lines"]:
         ops = f"  [{', '.join(x['ir_ops'])}]" if x["ir_ops"] else ""
