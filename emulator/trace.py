@@ -122,11 +122,14 @@ def records(program: Program, trace: Trace, cycles: int) -> Records:
                    qt[queue], program.line[src].astype(np.int64), names)
 
 
+_FIELDS = [tuple(s.fields) for s in O.OPS]
+
+
 def operands(op: int, args) -> dict:
     """Decoded fields of one instruction: {name: int or 'f16:E3'-style stream operand}."""
     out = {}
-    for j, (name, kind) in enumerate(O.OPS[op].fields):
-        v = int(args[j])
+    for (name, kind), v in zip(_FIELDS[op], args):
+        v = int(v)
         if kind == "ref":
             dt, d, st = O.split_ref(v)
             out[name] = (f"{O.DTYPES[dt]}:" if 0 < dt < len(O.DTYPES) else "") + f"{'EW'[d % 2]}{st}"
@@ -223,22 +226,23 @@ def chrome_trace(r: Records, window=None, max_events: int = MAX_EVENTS) -> tuple
         ev.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
         ev.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
     qnames = [q[0] for q in m.queues]
-    for i in sel:
-        op, line, src = int(r.op[i]), int(r.line[i]), int(r.src[i])
-        node = int(prog.node[src])
-        args = {"opcode": O.OPS[op].name, "operands": operands(op, r.args[i]), "queue": qnames[r.queue[i]],
-                "cycle": int(r.cycle[i]), "latency": int(r.latency[i]), "busy_cycles": int(r.busy[i]),
-                "instruction": src, "line": line}
-        if r.repeat[i]:
-            args["repeat"] = int(r.repeat[i])
-        if 0 <= node < len(prog.nodes):
-            args["ir_op"] = prog.nodes[node][0]
-        text = prog.source_line(line)
-        if text:
-            args["source"] = text
-        ev.append({"ph": "X", "pid": pid, "tid": int(r.track[i]), "name": O.OPS[op].name,
-                   "cat": r.track_names[r.track[i]][1], "ts": int(r.cycle[i]) * us, "dur": int(r.busy[i]) * us,
-                   "args": args})
+    static = {}      # per program instruction: the args that do not change with REPEAT
+    cols = zip(*(a[sel].tolist() for a in (r.src, r.op, r.cycle, r.busy, r.latency, r.repeat, r.track, r.queue)),
+               r.args[sel].tolist())
+    for src, op, cyc, busy, lat, rep, tid, q, a in cols:
+        base = static.get(src)
+        if base is None:
+            line, node = int(prog.line[src]), int(prog.node[src])
+            base = static[src] = {"opcode": O.OPS[op].name, "queue": qnames[q], "instruction": src, "line": line}
+            if 0 <= node < len(prog.nodes):
+                base["ir_op"] = prog.nodes[node][0]
+            if prog.source_line(line):
+                base["source"] = prog.source_line(line)
+        args = dict(base, operands=operands(op, a), cycle=cyc, latency=lat, busy_cycles=busy)
+        if rep:
+            args["repeat"] = rep
+        ev.append({"ph": "X", "pid": pid, "tid": tid, "name": base["opcode"], "cat": r.track_names[tid][1],
+                   "ts": cyc * us, "dur": busy * us, "args": args})
     act = activity(r)
     step = max(1, -(-(hi - lo) // COUNTER_SAMPLES))
     if step > 1:
