@@ -232,7 +232,8 @@ def main(argv=None) -> int:
             raise
         if getattr(a, "json", False):
             print(json.dumps({"error": e.message, **e.info}))
-        print(f"error: {e.message}" if "\n" not in e.message else e.message, file=sys.stderr)
+        from compiler.errors import SourceError  # already says `file:line:col: error:`
+        print(e.message if isinstance(e, SourceError) else f"error: {e.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
