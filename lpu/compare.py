@@ -1,14 +1,11 @@
 """`lpu compare`: the LPU against a GPU, per DSL line and in total, and a sweep over one param.
 
-LPU time per line. The compiled schedule gives every instruction's issue cycle (the emulator's
-trace gives the same cycles with --emulate) and its latency; an instruction is in flight from its
-issue to the cycle its result arrives. Each cycle of the run is charged to exactly one IR op:
-  - the earliest op in program order (lowest IR node id) with an instruction in flight then,
-  - a cycle with nothing in flight to the op that issues next (the schedule waits for it),
-  - the closing ICU skew (and any tail) to the last op charged.
-Ops are then grouped by their DSL line, so the per-line cycles sum to the total exactly, and a
-line's time is what it adds beyond the lines before it (work overlapped with earlier lines is
-free).
+LPU time per line: the compiled schedule gives every instruction's issue cycle (with --emulate,
+the emulator's trace gives them) and its latency. Each cycle of the run is charged to exactly one
+DSL line by the rule of `lpu run --report` (emulator.report.LINE_RULE): the line with the most
+instructions in flight in it, a cycle with nothing in flight to the line that starts next, and
+the closing ICU skew to a "(skew)" row. So the per-line rows sum to the total exactly, and the two
+commands agree line by line. The LPU's bottleneck is the report's too.
 
 GPU time per line: gpu_baseline.model.cost_graph, each kernel charged to its head's line; the
 line's bound is the bound (compute, hbm, latency, launch) holding most of its kernel time.
@@ -28,62 +25,31 @@ COMPUTE_OPS = ("matmul", "attention")
 
 
 # ---- LPU cycles per line ----------------------------------------------------------------------
-def cycles_per_line(program, issue, src, total: int) -> dict[int, int]:
-    """Charge each of `total` cycles to one DSL line (rule in the module docstring)."""
-    from isa import opcodes as O
-    issue = np.asarray(issue, np.int64)
-    src = np.asarray(src, np.int64)
-    node_line = np.array([int(line) for _, line in program.nodes] + [0], np.int64)
-    if total <= 0 or not len(issue):
-        return {0: int(total)} if total > 0 else {}
-    lat = np.asarray(O.latency_table(program.machine), np.int64)[program.op[src]]
-    key = program.node[src].astype(np.int64)
-    key[key < 0] = len(program.nodes)                       # unlabelled: lowest priority, line 0
-    span = lat + 1                                          # issue .. arrival, inclusive
-    offs = np.arange(int(span.sum()), dtype=np.int64) - np.repeat(np.cumsum(span) - span, span)
-    cyc = np.repeat(issue, span) + offs
-    keys = np.repeat(key, span)
-    length = max(int(cyc.max()) + 1, 1)
-    none = np.iinfo(np.int64).max
-    owner = np.full(length, none, np.int64)
-    np.minimum.at(owner, cyc, keys)
-    held = owner != none
-    pos = np.arange(length)
-    nxt = np.minimum.accumulate(np.where(held, pos, length)[::-1])[::-1]   # next held cycle
-    prev = np.maximum.accumulate(np.where(held, pos, -1))
-    owner = owner[np.where(nxt < length, nxt, prev)]
-    lines = node_line[owner]
-    counts = np.bincount(lines)
-    out = {int(i): int(c) for i, c in enumerate(counts) if c}
-    if total != length:                                     # ICU skew: the last op's
-        last = int(lines[-1])
-        out[last] = out.get(last, 0) + total - length
-        if out[last] <= 0:
-            raise LpuError(f"internal: schedule of {length} cycles is longer than the total {total}")
-    return out
-
-
 def _lpu_side(program, graph, emulate: bool, progress=None) -> dict:
+    """LPU totals, cycles per line and the bottleneck, from the schedule or an emulated trace."""
+    from emulator import report as R
+    from emulator.run import Trace, schedule
+    from emulator.trace import records
     m = program.machine
+    extra = {"source": "schedule"}
     if emulate:
         from lpu import api
         if progress:
             progress(f"emulating {program.predicted_cycles:,} cycles ...")
         values = api.inputs_for(graph, program, 0)
         result = api.run(program, values, trace=True)
-        total = int(result.cycles)
-        per_line = cycles_per_line(program, result.trace.cycle, result.trace.index, total)
+        trace, total = result.trace, int(result.cycles)
         extra = {"source": "emulation", "predicted_cycles": int(program.predicted_cycles),
-                 "utilization": {k: round(float(v), 5) for k, v in result.utilization.items()},
                  "check": api.check(graph, program, values, result)}
     else:
-        from emulator.run import schedule
-        s = schedule(program)
-        total = int(program.predicted_cycles)
-        per_line = cycles_per_line(program, s.cycle, s.src, total)
-        extra = {"source": "schedule"}
+        s = schedule(program)                # the issue cycles the emulator will execute
+        trace, total = Trace(s.cycle, s.src, s.repeat), int(program.predicted_cycles)
+    r = records(program, trace, total)
+    rep = R.report(r)
+    per_line = {(x["line"] if x["line"] is not None else x["label"]): x["cycles"] for x in rep["lines"]}
     return {"machine": m.name, "clock_mhz": m.clock_mhz, "cycles": total, "time_us": total / m.clock_mhz,
-            "chips_needed": 1, "per_line_cycles": per_line, **extra}
+            "chips_needed": 1, "bound": rep["bottleneck"]["kind"], "bound_reason": rep["bottleneck"]["reason"],
+            "utilization": rep["utilization"], "line_rule": R.LINE_RULE, **extra, "per_line_cycles": per_line}
 
 
 # ---- the comparison -----------------------------------------------------------------------------
@@ -120,7 +86,8 @@ def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = F
                "chips_needed": int(info.get("chips_needed", 0)) or None,
                "bytes_needed": info.get("bytes_needed"), "bytes_available": info.get("bytes_available"),
                "error": capacity.message if capacity is not None else None}
-    lines = sorted(set(gpu_line) | set(lpu["per_line_cycles"]))
+    keys = set(gpu_line) | set(lpu["per_line_cycles"])
+    lines = sorted(k for k in keys if isinstance(k, int)) + sorted(k for k in keys if isinstance(k, str))
     labels = _line_ops(graph, cost)
     src = graph.source_lines() if hasattr(graph, "source_lines") else []
     ops = []
@@ -129,6 +96,10 @@ def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = F
         lpu_us = cyc / lpu["clock_mhz"] if program is not None else None
         g_us = gpu_line.get(ln, 0.0)
         bt = bound_time.get(ln)
+        if isinstance(ln, str):                             # "(skew)", "(idle)": cycles of no line
+            ops.append({"op": ln, "line": None, "source": "", "lpu_cycles": cyc, "lpu_us": lpu_us, "gpu_us": 0.0,
+                        "bound": None, "ratio": None})
+            continue
         ops.append({"op": labels.get(ln, "-"), "line": ln,
                     "source": src[ln - 1].strip() if 1 <= ln <= len(src) else "",
                     "lpu_cycles": cyc if program is not None else None, "lpu_us": lpu_us, "gpu_us": g_us,
@@ -232,18 +203,20 @@ def format_compare(d: dict) -> str:
     head = f"{d['program']} ({d['phase']}) on {lpu['machine'] or 'the LPU'} against {gpu['name']} ({gpu['launch']} launches)"
     out = [head, f"{'line':>5}  {'op':<20} {'LPU us':>10} {'GPU us':>10} {'GPU/LPU':>8}  {'GPU bound':<9}  source"]
     for o in d["ops"]:
-        out.append(f"{o['line']:>5}  {o['op'][:20]:<20} {_us(o['lpu_us']):>10} {_us(o['gpu_us']):>10} "
+        out.append(f"{o['line'] if o['line'] is not None else '-':>5}  {o['op'][:20]:<20} {_us(o['lpu_us']):>10} {_us(o['gpu_us']):>10} "
                    f"{_ratio(o['ratio']):>8}  {o['bound'] or '-':<9}  {o['source'][:60]}")
     out.append(f"{'total':>5}  {'':<20} {_us(lpu['time_us']):>10} {_us(gpu['time_us']):>10} "
                f"{_ratio(d['speedup']):>8}  {gpu['bound'] or '-':<9}  ({gpu['kernels']} GPU kernels)")
-    out.append("(a GPU kernel is charged to the line of its first op: ops fused into it show 0 on theirs)")
+    out.append("(per line: a GPU kernel counts on its first op's line, so ops fused into it show 0 on theirs; an "
+               "LPU cycle counts on the line with the most instructions in flight, as in `lpu run --report`)")
     if lpu["time_us"] is None:
         out.append(f"LPU: does not fit one chip; it needs {lpu['chips_needed']} chips "
                    f"({lpu['bytes_needed']:,} bytes, {lpu['bytes_available']:,} per chip), so no LPU time")
     else:
         src = "emulated" if lpu["source"] == "emulation" else "from the compiled schedule"
         out.append(f"LPU: {lpu['cycles']:,} cycles at {lpu['clock_mhz']} MHz = {_us(lpu['time_us'])} us ({src})"
-                   + (f"; check {'ok' if lpu['check']['ok'] else 'MISMATCH'}" if "check" in lpu else ""))
+                   + (f"; check {'ok' if lpu['check']['ok'] else 'MISMATCH'}" if "check" in lpu else "")
+                   + f"; {lpu['bound']}")
     key, unit, fmt = ("tokens_per_s", "tokens/s", "{:,.0f}") if d["phase"] == "decode" else ("ttft_ms", "ms to first token", "{:.3f}")
     rate = [f"{side.upper()} {fmt.format(d[side][key])}" for side in ("lpu", "gpu") if key in d[side]]
     out.append(f"{unit}: " + ", ".join(rate))

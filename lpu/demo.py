@@ -3,12 +3,10 @@ of S tokens) and for decode (one token against a KV cache), emulates both cycle 
 them against the numpy reference, and prints one table of LPU against GPU per phase, with what
 bounds each side and why.
 
-What bounds the LPU, from the emulator's utilization (busy unit-cycles / (cycles x units), i.e.
-the fraction of the run the busiest unit could not have been shortened): the busiest of MXM
-(MXM-bound), MEM banks (stream-bound: SRAM and streams), VXM or SXM, when it is busy at least
-half the run; otherwise no unit is, and the schedule's dependency chain sets the time
-(latency-bound). The GPU's bound is the one holding most of its kernel time (compute, hbm,
-latency, launch), from gpu_baseline.model.
+What bounds each side: for the LPU, the bottleneck of `lpu run --report` (emulator.report: a unit
+busy at least half the run bounds it, MXM-bound, stream-bound, ...; else latency-bound, the
+schedule's dependency chain), shown with the MXM utilization; for the GPU, the bound holding
+most of its kernel time (compute, hbm, latency, launch), from gpu_baseline.model.
 """
 from __future__ import annotations
 
@@ -20,15 +18,10 @@ from isa.errors import LpuError
 
 PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs")
 PHASES = (("prefill", "gpt2_block_prefill.lpu"), ("decode", "gpt2_block_decode.lpu"))
-UNIT_BOUND = {"mxm": "MXM-bound", "mem": "stream-bound", "vxm": "VXM-bound", "sxm": "SXM-bound"}
-BUSY_ENOUGH = 0.5
 
 
-def lpu_bound(utilization: dict) -> str:
-    unit = max(UNIT_BOUND, key=lambda k: utilization.get(k, 0.0))
-    u = utilization.get(unit, 0.0)
-    name = UNIT_BOUND[unit] if u >= BUSY_ENOUGH else "latency-bound"
-    return f"{name} ({unit.upper()} {u:.0%})"
+def lpu_bound(lpu: dict) -> str:
+    return f"{lpu['bound']} (MXM {lpu['utilization']['mxm']:.0%})"
 
 
 def _progress(text: str):
@@ -90,7 +83,7 @@ def format_demo(results: list[dict], gpu) -> str:
     for d in results:
         lpu, g = d["lpu"], d["gpu"]
         out.append(f"{d['phase']:<8} {d['program']:<31} {lpu['time_us']:>9.2f} {g['time_us']:>9.2f} "
-                   f"{d['speedup']:>7.2f}x  {lpu_bound(lpu['utilization']):<26} {g['bound']:<9}  "
+                   f"{d['speedup']:>7.2f}x  {lpu_bound(lpu):<26} {g['bound']:<9}  "
                    f"{'ok' if lpu['check']['ok'] else 'MISMATCH'}")
     for d in results:
         lpu, g = d["lpu"], d["gpu"]
@@ -119,7 +112,7 @@ def cmd_demo(a):
     if a.json:
         print(json.dumps({"gpu": gpu.name, "phases": [
             {"phase": d["phase"], "program": d["program"], "lpu_us": d["lpu"]["time_us"], "gpu_us": d["gpu"]["time_us"],
-             "speedup": d["speedup"], "lpu_bound": lpu_bound(d["lpu"]["utilization"]), "gpu_bound": d["gpu"]["bound"],
+             "speedup": d["speedup"], "lpu_bound": lpu_bound(d["lpu"]), "gpu_bound": d["gpu"]["bound"],
              "check": d["lpu"]["check"]["ok"]} for d in results]}))
     else:
         print(format_demo(results, gpu))

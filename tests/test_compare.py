@@ -72,9 +72,11 @@ def test_compare_rows_sum_to_totals(decode_json):
 
 
 def test_emulated_times_match_schedule():
+    from lpu import api
     gpu = load_gpu("a100-80gb")
-    sched = C.compare(MLP, {"S": 16}, "tiny", gpu)
-    emu = C.compare(MLP, {"S": 16}, "tiny", gpu, emulate=True)
+    prog, graph = api.compile(MLP, {"S": 16}, "tiny")
+    sched = C.compare_graph(prog, graph, gpu)
+    emu = C.compare_graph(prog, graph, gpu, emulate=True)
     assert emu["lpu"]["source"] == "emulation" and emu["lpu"]["check"]["ok"]
     assert emu["lpu"]["cycles"] == sched["lpu"]["cycles"]
     assert [(o["line"], o["lpu_cycles"]) for o in emu["ops"]] == [(o["line"], o["lpu_cycles"]) for o in sched["ops"]]
@@ -82,30 +84,16 @@ def test_emulated_times_match_schedule():
 
 
 # ---- the per-line attribution rule -------------------------------------------------------------
-class _Prog:
-    """Just what cycles_per_line reads: nodes (op, line), node and op per instruction, machine."""
-    def __init__(self, nodes, node, op, machine):
-        import numpy as np
-        self.nodes, self.node, self.op, self.machine = nodes, np.array(node), np.array(op), machine
-
-
-def test_each_cycle_goes_to_the_oldest_op_in_flight():
-    import numpy as np
-    from isa import opcodes as O
-    from isa.machine import MachineConfig
-    m = MachineConfig.load("tiny")
-    lat = np.asarray(O.latency_table(m))
-    op = int(np.flatnonzero(lat == lat.max())[0])            # some opcode with a latency L
-    L = int(lat[op])
-    prog = _Prog([("matmul", 5), ("add", 7), ("add", 9)], [0, 1, 2], [op, op, op], m)
-    # op 0 issues at 0 (in flight 0..L), op 1 overlaps it, op 2 issues after a gap
-    issue, src = [0, 1, L + 10], [0, 1, 2]
-    total = L + 10 + L + 1 + 3                                # + 3 cycles of skew
-    got = C.cycles_per_line(prog, issue, src, total)
-    assert sum(got.values()) == total
-    assert got[5] == L + 1                                    # op 0's whole span
-    assert got[7] == 1                                        # only the cycle after op 0 arrives
-    assert got[9] == total - (L + 2)                          # gap before it, its span, the skew
+def test_lines_agree_with_run_report(capsys):
+    """compare charges cycles to lines by the rule of `lpu run --report`, so the two agree."""
+    rc, rep, _ = _cli_json(capsys, "run", MLP, "--machine", "tiny", "-p", "S=16", "--report", "--json")
+    d = C.compare(MLP, {"S": 16}, "tiny", "h100-sxm")
+    assert rc == 0 and d["lpu"]["cycles"] == rep["cycles"]
+    want = {(x["line"], x["cycles"]) for x in rep["report"]["lines"]}
+    assert {(o["line"], o["lpu_cycles"]) for o in d["ops"] if o["lpu_cycles"]} == want
+    assert d["lpu"]["bound"] == rep["report"]["bottleneck"]["kind"]
+    skew = [o for o in d["ops"] if o["op"] == "(skew)"]
+    assert len(skew) == 1 and skew[0]["line"] is None and skew[0]["gpu_us"] == 0
 
 
 # ---- too large for one chip --------------------------------------------------------------------
@@ -187,9 +175,8 @@ def test_sweep_table_and_json(capsys, tmp_path):
         assert r["lpu_us"] > 0 and r["gpu_us"] > 0 and r["ratio"] == pytest.approx(r["gpu_us"] / r["lpu_us"])
         assert r["gpu_bound"] in ("compute", "hbm", "latency", "launch")
     assert d["crossover"] == C.crossover(d["rows"])
-    assert main(["compare", MLP, "--machine", "tiny", "--sweep", "S=8,16"]) == 0
-    out = capsys.readouterr().out
-    assert "GPU/LPU" in out and "S" in out.splitlines()[0]
+    text = C.format_sweep(d["rows"], d["gpu"]).splitlines()
+    assert "GPU/LPU" in text[0] and text[0].split()[0] == "S" and text[-1] == d["crossover"]
 
 
 def test_crossover_words():
@@ -213,10 +200,4 @@ def test_demo_runs(capsys):
     assert "tokens/s" in out.out and "time to first token" in out.out and "h100-sxm" in out.out
     assert "bound" in out.out and "why:" in out.out and "MISMATCH" not in out.out
     assert "[1/2] prefill" in out.err and "[2/2] decode" in out.err
-
-
-def test_demo_lpu_bound_rule():
-    from lpu.demo import lpu_bound
-    assert lpu_bound({"mxm": 0.9, "vxm": 0.2, "mem": 0.3, "sxm": 0.0}).startswith("MXM-bound")
-    assert lpu_bound({"mxm": 0.1, "vxm": 0.2, "mem": 0.6, "sxm": 0.0}).startswith("stream-bound")
-    assert lpu_bound({"mxm": 0.1, "vxm": 0.2, "mem": 0.3, "sxm": 0.0}).startswith("latency-bound")
+    assert any(b in out.out for b in ("latency-bound", "MXM-bound", "stream-bound"))
