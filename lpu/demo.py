@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import textwrap
 
 from isa.errors import LpuError
 
@@ -92,7 +93,7 @@ def format_demo(results: list[dict], gpu) -> str:
         else:
             out.append(f"prefill: time to first token {lpu['ttft_ms'] * 1e3:.1f} us on the LPU, "
                        f"{g['ttft_ms'] * 1e3:.1f} us on the GPU")
-    out += why(results, gpu)
+    out += [textwrap.fill(t, 100, subsequent_indent="  ") for t in why(results, gpu)]
     out.append("per line: lpu compare PROG.lpu; over the prompt length: lpu compare "
                "programs/gpt2_block_prefill.lpu --sweep S")
     return "\n".join(out)
