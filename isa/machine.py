@@ -99,6 +99,8 @@ class MachineConfig:
                 data = tomllib.load(f)
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such machine file") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read machine file: {e.strerror or e}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
         return cls.from_dict(data, source=path)

@@ -29,7 +29,7 @@ def compile(path: str, params: dict | None = None, machine=None, stats: CompileS
             ) -> tuple[Program, IRGraph]:
     """Compile a .lpu file (or load a .lpubin, whose graph is rebuilt from its embedded source)."""
     m = machine_of(machine)
-    if path.endswith(".lpubin"):
+    if path.endswith(".lpubin") or _starts_with_magic(path):
         from isa.encoding import load_binary
         prog = load_binary(path, m if machine is not None else None)
         return prog, graph_of_binary(prog, params)
@@ -39,8 +39,19 @@ def compile(path: str, params: dict | None = None, machine=None, stats: CompileS
         raise LpuError(f"{path}: is a directory, not a .lpu program")
     try:
         return compile_file(path, params or {}, m, stats)
-    except (OSError, UnicodeDecodeError) as e:
-        raise LpuError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    except UnicodeDecodeError as e:
+        raise LpuError(f"{path}: not a .lpu program (not UTF-8 text: byte {e.start} is {e.object[e.start]:#04x})") from None
+    except OSError as e:
+        raise LpuError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
+def _starts_with_magic(path: str) -> bool:
+    from isa.encoding import MAGIC
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
 
 
 def graph_of_binary(prog: Program, params=None) -> IRGraph | None:

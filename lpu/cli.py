@@ -121,6 +121,8 @@ def _print_schedule(prog):
 
 def cmd_run(a):
     from lpu import api
+    if a.seed < 0:
+        raise LpuError(f"--seed must be a non-negative integer, got {a.seed}")
     params = _params(a.params)
     prog, graph = api.compile(a.program, params, a.machine)
     given = api.load_npz(a.inputs) if a.inputs else {}
