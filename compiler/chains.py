@@ -166,8 +166,8 @@ class ChainBuilder:
                             after=after, mark=mark))
 
     # ---- MXM -----------------------------------------------------------------------------------
-    def lw(self, plane: int, off: int, row: int, inp, after, mark):
-        self.ins.append(Ins(self.c.lw_q[plane], off, O.LW, [row, 0], ((1, inp[0], 0, inp[1]),),
+    def lw(self, plane: int, off: int, row: int, inp, after, mark, cvt: int = 0):
+        self.ins.append(Ins(self.c.lw_q[plane], off, O.LW, [row, 0, cvt], ((1, inp[0], 0, inp[1]),),
                             after=after, mark=mark))
 
     def iw(self, plane: int, off: int, dtype: int, trans: int, after, mark, pair: bool):

@@ -136,7 +136,7 @@ class Lowerer:
             try:
                 if k == "view":
                     self.grid[n.id] = self.view(n)
-                elif k == "mxm_t":
+                elif k in ("mxm_t", "mxm_cvt"):
                     self.grid[n.id] = self.grid[n.inputs[0]]
                 elif k == "alias":
                     self.grid[n.id] = self.grid[n.inputs[0]]

@@ -39,11 +39,12 @@ def lower_matmul(lw, n):
     g, m, c = lw.g, lw.m, lw.ctx
     a_id, b_id = n.inputs
     trans = lw.plan.kind[b_id] == "mxm_t"
-    b_src = g.node(b_id).inputs[0] if trans else b_id
+    cvt = lw.plan.kind[b_id] == "mxm_cvt"
+    b_src = g.node(b_id).inputs[0] if trans or cvt else b_id
     is_int = n.dtype == "i32"
     mdt = "i8" if is_int else "f16"
     agrid, ar = _as_mxm_dtype(lw, n, a_id, mdt)
-    bgrid, br = _as_mxm_dtype(lw, n, b_src, mdt)
+    bgrid, br = (lw.grid[b_src], None) if cvt else _as_mxm_dtype(lw, n, b_src, mdt)
     out = lw.grid[n.id]
     an = g.node(a_id)
     K = an.shape[-1]
@@ -57,7 +58,7 @@ def lower_matmul(lw, n):
 
     a3, b3 = as3(agrid), as3(bgrid)
     for bi in range(o3.shape[0]):
-        _matmul2d(lw, n, a3[bi], b3[bi], o3[bi], M, K, N, mdt, trans)
+        _matmul2d(lw, n, a3[bi], b3[bi], o3[bi], M, K, N, mdt, trans, cvt)
     for r in (ar, br):
         if r is not None:
             lw.free_temp(r)
@@ -70,13 +71,14 @@ def _units(lw, mdt):
     return list(range(0, m.mxm_planes, 2)), m.f16_pair_cycles, True
 
 
-def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans):
+def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     c, m = lw.ctx, lw.m
     lanes = lw.lanes
     units, hold, pair = _units(lw, mdt)
     w = dtype_width(mdt)
     dt = DTYPE_CODE[mdt]
     odt = DTYPE_CODE["i32" if mdt == "i8" else "f32"]
+    wb, bdt = (1, DTYPE_CODE["i8"]) if cvt else (w, dt)     # weight planes read per row
     ktiles = -(-K // lanes)
     nchunks = -(-N // lanes)
     zero = lw.zero_vector()
@@ -97,8 +99,8 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans):
                 srcs = [int(bgrid[kt * lanes + r, nt]) for r in range(nrows)]
             for r, src in enumerate(srcs):
                 cb = ChainBuilder(c, n.line, n.id)
-                gi = cb.read(src, w, pos, 0)
-                cb.lw(u, 0, r, (gi, dt), after=((("iw", u), 1),), mark=((("lw", u), 0),))
+                gi = cb.read(src, wb, pos, 0)
+                cb.lw(u, 0, r, (gi, bdt), after=((("iw", u), 1),), mark=((("lw", u), 0),), cvt=int(cvt))
                 lw.chains.append(cb.chain())
             cb = ChainBuilder(c, n.line, n.id)
             cb.iw(u, 0, dt, 1 if trans else 0, after=((("lw", u), 1), (("abc", u), hold)),

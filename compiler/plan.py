@@ -6,6 +6,7 @@
               chunks, integer indexes, reshapes and transposes that keep the last axis): no code
   mxm_t       a transpose whose every user is a matmul taking it as its right operand: the MXM
               installs the weights transposed (IW trans=1), so nothing is materialized
+  mxm_cvt     an i8 -> float cast used only as f16 matmul weights: widened by LW (cvt=1)
   alias       a `store`: the new state version lives in the state's own region
   temp        everything else: computed into a fresh region, freed after its last use
 
@@ -74,6 +75,8 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
             kind[n.id], base[n.id] = "output", n.id
         elif n.op == "transpose" and _mxm_transposable(graph, n):
             kind[n.id], base[n.id] = "mxm_t", base[n.inputs[0]]
+        elif n.op == "cast" and _mxm_widenable(graph, n):
+            kind[n.id], base[n.id] = "mxm_cvt", base[n.inputs[0]]
         elif is_view(n) and n.op != "concat":
             kind[n.id], base[n.id] = "view", base[n.inputs[0]]
         elif n.op == "concat" and is_view(n) and len({base[i] for i in n.inputs}) == 1:
@@ -110,6 +113,17 @@ def _root(graph, kind, nid):
     while kind[nid] == "view":
         nid = graph.node(nid).inputs[0]
     return nid
+
+
+def _mxm_widenable(graph, n) -> bool:
+    """An i8 tensor cast to a float and used only as the weights of f16 matmuls: the MXM
+    widens it to f16 as it loads (LW cvt=1), exactly, with no copy in SRAM."""
+    if graph.node(n.inputs[0]).dtype != "i8" or n.dtype not in ("f16", "f32"):
+        return False
+    users = graph.users(n.id)
+    return bool(users) and all(
+        graph.node(u).op == "matmul" and graph.node(u).inputs[1] == n.id and graph.node(u).inputs[0] != n.id
+        and graph.node(u).dtype == "f32" for u in users)
 
 
 def _mxm_transposable(graph, n) -> bool:

@@ -300,6 +300,19 @@ def install(buf, dt, trans, lanes, f16tab, w):
 
 
 @njit(cache=True)
+def i8_to_f16_bits(v):
+    """The f16 bit pattern of a small integer (exact: |v| <= 128 < 2^11)."""
+    if v == 0:
+        return 0
+    sign = 0x8000 if v < 0 else 0
+    m = -v if v < 0 else v
+    e = 0
+    while (m >> (e + 1)) != 0:
+        e += 1
+    return sign | ((e + 15) << 10) | (((m - (1 << e)) << (10 - e)) & 0x3FF)
+
+
+@njit(cache=True)
 def dot(x, w, lanes, y):
     """y[n] = sum over k (in order) of x[k] * w[k, n], in float64."""
     for n in range(lanes):
@@ -463,14 +476,22 @@ def mxm_input_ok(ref, plane, spd):
 @njit(cache=True)
 def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, xv, y, hz, counters):
     if op == C_LW:
-        row, ref = a[0], a[1]
+        row, ref, cvt = a[0], a[1], a[2]
         if row < 0 or row >= lanes:
             return operand_error(hz, 0, row)
         if not mxm_input_ok(ref, plane, spd):
             return operand_error(hz, 1, ref)
+        if cvt != 0 and (cvt != 1 or ref >> 8 != D_I8 or plane % 2 != 0):
+            return operand_error(hz, 2, cvt)
         w = WIDTH[ref >> 8]
         if not stream_read(ref, w, p, t, ring, sa, hz):
             return False
+        if cvt != 0:
+            for l in range(lanes):
+                bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
+                lbuf[plane, row, l, 0] = bits & 0xFF
+                lbuf[plane, row, l, 1] = bits >> 8
+            return True
         for b in range(w):
             lbuf[plane, row, :, b] = sa[b, :]
         return True

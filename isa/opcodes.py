@@ -95,8 +95,9 @@ GATHER = _op("GATHER", UNIT_MEM, [("bank", I), ("addr", I), ("idx", R), ("out", 
 SCATTER = _op("SCATTER", UNIT_MEM, [("bank", I), ("addr", I), ("idx", R), ("inp", R)], "", 1,
               doc="mem[slice, bank, addr + idx[l], l] = inp[l]")
 # --- MXM (queues of a plane; f16 uses the even plane of a pair) -----------------------------
-LW = _op("LW", UNIT_MXM, [("row", I), ("inp", R)], "", 1, role=0,
-         doc="load weight buffer row from stream inp (i8, or f16 on an even plane)")
+LW = _op("LW", UNIT_MXM, [("row", I), ("inp", R), ("cvt", I)], "", 1, role=0,
+         doc="load weight buffer row from stream inp (i8, or f16 on an even plane); cvt=1: an i8 "
+             "row is widened to f16 (exactly) into an even plane's f16 buffer")
 IW = _op("IW", UNIT_MXM, [("dtype", T), ("trans", I)], "", 0, role=1,
          doc="install the weight buffer (transposed if trans) as the plane's weights")
 ABC = _op("ABC", UNIT_MXM, [("inp", R), ("acc", I), ("accum", I)], "mxm_abc", 1, role=1,

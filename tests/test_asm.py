@@ -97,7 +97,7 @@ queue vxm2:
     ("queue mem0.0:\n    READ bank=0 addr=x out=E0", "h.s:3: field 'addr': expected an integer"),
     ("queue mem99.0:\n    NOP n=1", r"h.s:2: unknown queue 'mem99.0' \(did you mean"),
     ("queue vxm0:\n    NOP n=1\n    READ bank=0 addr=1 out=E0", "h.s:4: READ runs on a mem queue, not on vxm0"),
-    ("queue mxm0:\n    LW row=0 inp=E0", "h.s:3: LW does not run on queue mxm0"),
+    ("queue mxm0:\n    LW row=0 inp=E0 cvt=0", "h.s:3: LW does not run on queue mxm0"),
     ("    NOP n=1", "h.s:2: instruction outside a queue section"),
     ("queue vxm0:\n    MASK a=E0 out=E0 nv=1 cut=1 imm=1.5", "h.s:3: field 'imm': '1.5' is not an integer"),
     ("queue icu:\n    NOP n=99999999999", "h.s:3: NOP field 'n' = 99999999999 does not fit in 32 bits"),

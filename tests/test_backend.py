@@ -135,3 +135,11 @@ def test_compile_is_deterministic(tiny):
     a, _ = compile_source(src, "a.lpu", {}, tiny)
     b, _ = compile_source(src, "a.lpu", {}, tiny)
     assert encode(a) == encode(b)
+
+
+def test_i8_weights_widened_by_the_mxm(tiny):
+    src = "input x : f16[3, 40]\nweight w : i8[40, 21]\noutput y = f16(x @ f16(w))\n"
+    prog, res, chk = compile_run_check(src, tiny)
+    from isa.opcodes import LW
+    assert (prog.args[prog.op == LW, 2] == 1).all()      # widened on load, no f16 copy of w
+    assert chk["ok"] and res.cycles == prog.predicted_cycles
