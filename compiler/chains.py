@@ -33,6 +33,7 @@ class Ctx:
         self.ctl_q = [m.mxm_queue(p, MXM_CTL) for p in range(m.mxm_planes)]
         self.acc_q = [m.mxm_queue(p, MXM_ACC) for p in range(m.mxm_planes)]
         self.tables: dict[tuple, int] = {}
+        self.mxm_load: dict[int, int] = {}   # plane -> cycles of work given to it so far
         self.sxm_turn = 0
 
     def table(self, entries) -> int:

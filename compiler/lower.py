@@ -131,7 +131,8 @@ class Lowerer:
         for owner, last in plan.last_use.items():
             if plan.kind.get(owner) == "temp":
                 free_after.setdefault(last, []).append(owner)
-        for n in g.nodes():
+        for nid in plan.order:
+            n = g.node(nid)
             k = plan.kind[n.id]
             try:
                 if k == "view":

@@ -83,11 +83,14 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     nchunks = -(-N // lanes)
     zero = lw.zero_vector()
     jobs = [(nt, m0) for nt in range(nchunks) for m0 in range(0, M, m.acc_rows)]
-    busy = {u: 0 for u in units}
+    load = c.mxm_load
     for ji, (nt, m0) in enumerate(jobs):
-        u = min(units, key=lambda x: (busy[x], x))
-        busy[u] += 1
+        u = min(units, key=lambda x: (load.get(x, 0), x))
         rows = range(m0, min(M, m0 + m.acc_rows))
+        work = ktiles * (len(rows) * hold + lanes // m.lw_ports_per_plane)
+        load[u] = load.get(u, 0) + work
+        if pair:
+            load[u + 1] = load.get(u + 1, 0) + work
         pos = m.mxm_pos(u)
         for kt in range(ktiles):
             # LW: the rows of this K-tile for output chunk nt

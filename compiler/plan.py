@@ -21,6 +21,7 @@ from compiler.ir import IRGraph
 
 @dataclass
 class Plan:
+    order: list         # node ids in the order they are lowered
     kind: dict          # node id -> storage kind
     base: dict          # node id -> node id owning the region it lives in
     last_use: dict      # owning node id -> last node id (program order) that reads it
@@ -93,11 +94,14 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
                 last = max(graph.users(n.id), default=n.id)
                 if any(root < s < last for s in store_ids.get(name, [])) or n.id in graph.outputs.values():
                     kind[n.id], base[n.id] = "temp", n.id
+    order = level_order(graph, kind)
+    pos = {nid: i for i, nid in enumerate(order)}
     last_use: dict[int, int] = {}
     for n in nodes:
         for i in n.inputs:
             b = base.get(i, i)
-            last_use[b] = max(last_use.get(b, -1), n.id)
+            if pos[n.id] > pos.get(last_use.get(b, -1), -1):
+                last_use[b] = n.id
     outputs_alias = {}
     claimed = set()
     for name, oid in graph.outputs.items():
@@ -106,7 +110,31 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
         outputs_alias[oid] = ok
         if ok:
             claimed.add(src)
-    return Plan(kind, base, last_use, outputs_alias)
+    return Plan(order, kind, base, last_use, outputs_alias)
+
+
+def level_order(graph: IRGraph, kind: dict) -> list[int]:
+    """A topological order by depth: every node after all nodes of smaller depth, so that
+    independent work (the heads of an attention, say) is lowered side by side and its chains
+    interleave on the units instead of queueing behind each other in program order. A store
+    also waits for every read of the state version it replaces (through views too)."""
+    nodes = graph.nodes()
+    preds = {n.id: list(n.inputs) for n in nodes}
+    for n in nodes:
+        if n.op == "store":
+            todo, readers = [n.inputs[0]], []
+            while todo:
+                v = todo.pop()
+                for u in graph.users(v):
+                    if u != n.id and u < n.id:
+                        readers.append(u)
+                        if kind.get(u) in ("view", "mxm_t", "mxm_cvt"):
+                            todo.append(u)
+            preds[n.id] += readers
+    depth = {}
+    for n in nodes:
+        depth[n.id] = 1 + max((depth[p] for p in preds[n.id]), default=-1)
+    return sorted(depth, key=lambda i: (depth[i], i))
 
 
 def _root(graph, kind, nid):
