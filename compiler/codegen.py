@@ -1,6 +1,6 @@
 """Pass `codegen`: placed instructions to per-queue instruction streams.
 
-Each queue's instructions are sorted by cycle; gaps become `NOP n`; every used queue starts
+Each queue's instructions are sorted by cycle; a gap becomes `NOP n`; every used queue starts
 with SYNC and the ICU queue with NOTIFY (all queues start in cycle 0).
 """
 from __future__ import annotations
@@ -17,44 +17,43 @@ def codegen(machine, placed, symbols, tables, nodes, predicted, source_name="", 
     cyc = np.asarray(placed.cycle, np.int64)
     q = np.asarray(placed.queue, np.int64)
     order = np.lexsort((cyc, q))
-    args = np.zeros((max(n, 1), NARGS), np.int32)
+    cyc, q = cyc[order], q[order]
+    args = np.zeros((n, NARGS), np.int32)
     for i, a in enumerate(placed.args):
         args[i, :len(a)] = a
-    ops = np.asarray(placed.op, np.int32)
-    lines = np.asarray(placed.line, np.int32)
-    node = np.asarray(placed.node, np.int32)
-    out_q, out_op, out_args, out_line, out_node = [], [], [], [], []
-
-    def emit(qq, op, a=(), line=0, nd=-1):
-        out_q.append(qq)
-        out_op.append(op)
-        row = np.zeros(NARGS, np.int32)
-        row[:len(a)] = a
-        out_args.append(row)
-        out_line.append(line)
-        out_node.append(nd)
-
-    emit(0, O.NOTIFY)
-    cur_q, cursor = -1, 0
-    for i in order:
-        qq = int(q[i])
-        if qq != cur_q:
-            cur_q, cursor = qq, 0
-            emit(qq, O.SYNC)
-        t = int(cyc[i])
-        if t < cursor:
-            raise AssertionError(f"queue {machine.queues[qq][0]} issues twice in cycle {t}")
-        if t > cursor:
-            emit(qq, O.NOP, (t - cursor,))
-        emit(qq, int(ops[i]), args[i], int(lines[i]), int(node[i]))
-        cursor = t + 1
-    order2 = np.argsort(np.asarray(out_q, np.int64), kind="stable")
-    return Program(
-        machine=machine,
-        queue=np.asarray(out_q, np.int32)[order2],
-        op=np.asarray(out_op, np.int32)[order2],
-        args=np.asarray(out_args, np.int32).reshape(-1, NARGS)[order2],
-        line=np.asarray(out_line, np.int32)[order2],
-        node=np.asarray(out_node, np.int32)[order2],
-        symbols=symbols, tables=tables, nodes=list(nodes), predicted_cycles=predicted,
-        source_name=source_name, source_lines=list(source_lines))
+    args = args[order]
+    ops = np.asarray(placed.op, np.int32)[order]
+    lines = np.asarray(placed.line, np.int32)[order]
+    node = np.asarray(placed.node, np.int32)[order]
+    first = np.ones(n, bool)
+    first[1:] = q[1:] != q[:-1]
+    prev_end = np.zeros(n, np.int64)          # the queue's next free cycle before instruction i
+    prev_end[1:] = cyc[:-1] + 1
+    prev_end[first] = 0
+    gap = cyc - prev_end
+    if np.any(gap < 0):
+        i = int(np.nonzero(gap < 0)[0][0])
+        raise AssertionError(f"queue {machine.queues[int(q[i])][0]} issues twice in cycle {int(cyc[i])}")
+    # rows out: [SYNC]? [NOP gap]? instruction, per placed instruction
+    n_sync, n_nop = first.astype(np.int64), (gap > 0).astype(np.int64)
+    per = n_sync + n_nop + 1
+    end = np.cumsum(per)
+    total = 1 + int(end[-1]) if n else 1
+    out_q = np.zeros(total, np.int32)
+    out_op = np.zeros(total, np.int32)
+    out_args = np.zeros((total, NARGS), np.int32)
+    out_line = np.zeros(total, np.int32)
+    out_node = np.full(total, -1, np.int32)
+    out_op[0] = O.NOTIFY                       # queue 0 (ICU): NOTIFY
+    if n:
+        at = 1 + end - 1                       # row of each instruction
+        out_q[at], out_op[at], out_args[at] = q, ops, args
+        out_line[at], out_node[at] = lines, node
+        nop_at = at[gap > 0] - 1
+        out_q[nop_at], out_op[nop_at] = q[gap > 0], O.NOP
+        out_args[nop_at, 0] = gap[gap > 0]
+        sync_at = at[first] - 1 - n_nop[first]
+        out_q[sync_at], out_op[sync_at] = q[first], O.SYNC
+    return Program(machine=machine, queue=out_q, op=out_op, args=out_args, line=out_line, node=out_node,
+                   symbols=symbols, tables=tables, nodes=list(nodes), predicted_cycles=predicted,
+                   source_name=source_name, source_lines=list(source_lines))

@@ -105,14 +105,6 @@ class Scheduler:
                     T = v + d - off
         return T
 
-    def _free_streams(self, d: int, k: int, w: int) -> int:
-        used = self.streams.get(k * 2 + d, 0)
-        full = (1 << w) - 1
-        for s in range(self.nstreams - w + 1):
-            if not (used >> s) & full:
-                return s
-        return -1
-
     def place(self, chain: Chain, floor: int = 0) -> int:
         """Place `chain` at the earliest feasible anchor >= floor; return the anchor."""
         if chain.hint:
@@ -122,7 +114,8 @@ class Scheduler:
         T = self._earliest(chain, floor)
         qbusy, bbusy = self.qbusy, self.bbusy
         limit = T + 1_000_000
-        pilots = [ins for ins in chain.ins if len(ins.queues) == 1]
+        inss = chain.ins
+        pilots = [ins for ins in inss if len(ins.queues) == 1]
         while T < limit:
             # fast skip: advance until the single-queue instructions (a unit's only queue) are free
             moved = True
@@ -137,132 +130,106 @@ class Scheduler:
                         while eq * BIG + T + eoff in qbusy:
                             T += 1
                             moved = True
-            ok = True
-            chosen = []
-            for ins in chain.ins:
-                t = T + ins.off
-                if ins.bank >= 0 and ins.bank * BIG + t in bbusy:
-                    ok = False
-                    break
-                q = -1
-                for cand in ins.queues:
-                    if cand * BIG + t not in qbusy:
-                        q = cand
-                        break
-                if q < 0:
-                    ok = False
-                    break
-                for eq, eoff in ins.extra:
-                    if eq * BIG + T + eoff in qbusy:
-                        ok = False
-                        break
-                if not ok:
-                    break
-                chosen.append(q)
-            if ok:
-                # two instructions of one chain may compete for the same queue or bank
-                keys = [q * BIG + T + ins.off for q, ins in zip(chosen, chain.ins)]
-                keys += [eq * BIG + T + eoff for ins in chain.ins for eq, eoff in ins.extra]
-                banks = [ins.bank * BIG + T + ins.off for ins in chain.ins if ins.bank >= 0]
-                if len(set(keys)) != len(keys) or len(set(banks)) != len(banks):
-                    ok = self._choose_distinct(chain, T, chosen)
-            if ok:
-                sids = []
-                for d, koff, w in chain.groups:
-                    s = self._free_streams(d, T + koff, w)
-                    if s < 0:
-                        ok = False
-                        break
-                    sids.append(s)
-                if ok and len(chain.groups) > 1:
-                    ok = self._distinct_groups(chain, T, sids)
-            if ok:
-                self._commit(chain, T, chosen, sids)
-                if chain.hint:
-                    self.hints[chain.hint[0]] = T
-                return T
+            chosen = self._fit(inss, T, qbusy, bbusy)
+            if chosen is not None:
+                sids = self._streams_for(chain.groups, T)
+                if sids is not None:
+                    self._commit(chain, T, chosen, sids)
+                    if chain.hint:
+                        self.hints[chain.hint[0]] = T
+                    return T
             T += 1
         raise AssertionError(f"scheduler: no cycle found for a chain of DSL line {chain.line} "
                              f"({[OPS[i.op].name for i in chain.ins]})")
 
-    def _choose_distinct(self, chain, T, chosen) -> bool:
+    @staticmethod
+    def _fit(inss, T, qbusy, bbusy):
+        """The queue each instruction takes at anchor T, or None if a queue or bank is busy
+        (instructions of one chain never share a queue or a bank in a cycle)."""
+        chosen = []
         taken = set()
-        banks = set()
-        for i, ins in enumerate(chain.ins):
+        for ins in inss:
             t = T + ins.off
             if ins.bank >= 0:
-                if ins.bank * BIG + t in banks:
-                    return False
-                banks.add(ins.bank * BIG + t)
-            q = -1
+                bk = ins.bank * BIG + t
+                if bk in bbusy or -bk - 1 in taken:
+                    return None
+                taken.add(-bk - 1)
             for cand in ins.queues:
                 key = cand * BIG + t
-                if key not in self.qbusy and key not in taken:
-                    q = cand
+                if key not in qbusy and key not in taken:
+                    taken.add(key)
+                    chosen.append(cand)
                     break
-            if q < 0:
-                return False
-            taken.add(q * BIG + t)
+            else:
+                return None
             for eq, eoff in ins.extra:
                 key = eq * BIG + T + eoff
-                if key in taken:
-                    return False
+                if key in qbusy or key in taken:
+                    return None
                 taken.add(key)
-            chosen[i] = q
-        return True
+        return chosen
 
-    def _distinct_groups(self, chain, T, sids) -> bool:
-        """Several groups of one chain on the same diagonal must not share streams."""
+    def _streams_for(self, groups, T):
+        """A free stream (w consecutive) per group on its diagonal, or None."""
+        sids = []
         seen: dict[int, int] = {}
-        for gi, (d, koff, w) in enumerate(chain.groups):
+        streams, ns = self.streams, self.nstreams
+        for d, koff, w in groups:
             key = (T + koff) * 2 + d
-            used = seen.get(key, self.streams.get(key, 0))
+            used = seen.get(key)
+            if used is None:
+                used = streams.get(key, 0)
             full = (1 << w) - 1
-            s = -1
-            for c in range(self.nstreams - w + 1):
+            for c in range(ns - w + 1):
                 if not (used >> c) & full:
-                    s = c
                     break
-            if s < 0:
-                return False
-            sids[gi] = s
-            seen[key] = used | (full << s)
-        return True
+            else:
+                return None
+            sids.append(c)
+            seen[key] = used | (full << c)
+        return sids
 
     def _commit(self, chain: Chain, T: int, chosen, sids):
+        streams = self.streams
         for (d, koff, w), s in zip(chain.groups, sids):
             key = (T + koff) * 2 + d
-            self.streams[key] = self.streams.get(key, 0) | (((1 << w) - 1) << s)
+            streams[key] = streams.get(key, 0) | (((1 << w) - 1) << s)
         out, mk, lat = self.out, self.markers, self.lat
+        qadd, badd = self.qbusy.add, self.bbusy.add
+        slot_r, slot_w = self.slot_r, self.slot_w
+        groups = chain.groups
+        last = self.last_cycle
+        line, node = chain.line, chain.node
         for ins, q in zip(chain.ins, chosen):
             t = T + ins.off
-            self.qbusy.add(q * BIG + t)
+            qadd(q * BIG + t)
             for eq, eoff in ins.extra:
-                self.qbusy.add(eq * BIG + T + eoff)
+                qadd(eq * BIG + T + eoff)
             if ins.bank >= 0:
-                self.bbusy.add(ins.bank * BIG + t)
+                badd(ins.bank * BIG + t)
             for g in ins.reads:
-                if self.slot_r.get(g, -1) < t:
-                    self.slot_r[g] = t
+                if slot_r.get(g, -1) < t:
+                    slot_r[g] = t
             for g in ins.writes:
-                self.slot_w[g] = t
+                slot_w[g] = t
             for key, add in ins.mark:
                 v = t + add
                 if mk.get(key, -(1 << 60)) < v:
                     mk[key] = v
-            args = list(ins.args)
+            args = ins.args
             for ai, gi, plane, dt in ins.patch:
-                d = chain.groups[gi][0]
-                args[ai] = dt * 256 + d * 64 + sids[gi] + plane
+                args[ai] = dt * 256 + groups[gi][0] * 64 + sids[gi] + plane
             out.cycle.append(t)
             out.queue.append(q)
             out.op.append(ins.op)
             out.args.append(args)
-            out.line.append(chain.line)
-            out.node.append(chain.node)
+            out.line.append(line)
+            out.node.append(node)
             end = t + lat[ins.op]
-            if end > self.last_cycle:
-                self.last_cycle = end
+            if end > last:
+                last = end
+        self.last_cycle = last
         self.n_chains += 1
 
     def predicted_cycles(self) -> int:
