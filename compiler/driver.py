@@ -3,6 +3,7 @@ schedule -> codegen. `compile_graph` runs the back end on an IR graph; `compile_
 `compile_file` start from DSL text."""
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +23,18 @@ class CompileStats:
 
 
 def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None) -> Program:
+    """The back end. The cyclic garbage collector is paused meanwhile: lowering creates
+    millions of small acyclic objects, and its passes over them cost more than the work."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _compile_graph(graph, machine, stats)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
     low = lower(graph, machine)
