@@ -131,6 +131,19 @@ class Scheduler:
                             T += 1
                             moved = True
             chosen = self._fit(inss, T, qbusy, bbusy)
+            if chosen.__class__ is Ins:        # skip to where the failing instruction fits alone
+                ins = chosen
+                T += 1
+                while True:
+                    t = T + ins.off
+                    if ins.bank >= 0 and ins.bank * BIG + t in bbusy:
+                        T += 1
+                        continue
+                    if all(q * BIG + t in qbusy for q in ins.queues):
+                        T += 1
+                        continue
+                    break
+                continue
             if chosen is not None:
                 sids = self._streams_for(chain.groups, T)
                 if sids is not None:
@@ -144,15 +157,17 @@ class Scheduler:
 
     @staticmethod
     def _fit(inss, T, qbusy, bbusy):
-        """The queue each instruction takes at anchor T, or None if a queue or bank is busy
-        (instructions of one chain never share a queue or a bank in a cycle)."""
+        """The queue each instruction takes at anchor T; if a queue or bank is busy, the
+        instruction that does not fit (or None when two of the chain's own collide)."""
         chosen = []
         taken = set()
         for ins in inss:
             t = T + ins.off
             if ins.bank >= 0:
                 bk = ins.bank * BIG + t
-                if bk in bbusy or -bk - 1 in taken:
+                if bk in bbusy:
+                    return ins
+                if -bk - 1 in taken:
                     return None
                 taken.add(-bk - 1)
             for cand in ins.queues:
@@ -162,7 +177,7 @@ class Scheduler:
                     chosen.append(cand)
                     break
             else:
-                return None
+                return ins if all(q * BIG + t in qbusy for q in ins.queues) else None
             for eq, eoff in ins.extra:
                 key = eq * BIG + T + eoff
                 if key in qbusy or key in taken:
