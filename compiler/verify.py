@@ -388,6 +388,7 @@ class Checker:
         self.mxm(e)
         self.outputs(e)
         self.cycles(e)
+        self.out.sort(key=lambda v: (v.cycle < 0, v.cycle, v.index))
         return self.out
 
 

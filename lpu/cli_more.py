@@ -2,9 +2,9 @@
 `add_parser(sub, common)` and `HANDLERS`; `after_run` lets them act on a finished `lpu run`."""
 from __future__ import annotations
 
-from lpu import cmd_trace, compare, demo
+from lpu import cmd_trace, cmd_verify, compare, demo
 
-MODULES = [cmd_trace, compare, demo]
+MODULES = [cmd_trace, cmd_verify, compare, demo]
 HANDLERS = {}
 for _m in MODULES:
     HANDLERS.update(_m.HANDLERS)

