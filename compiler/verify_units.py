@@ -59,6 +59,17 @@ def check_mxm(c, e):
     for a, b in _dups((gi * (1 << 20) + e.unit[lw]) * m.lanes * 2 + e.args[lw, 0], lw):
         c.add("mxm-order", int(b), f"weight row {int(e.args[b, 0])} of plane {int(e.unit[b])} is loaded again "
               f"before {c.describe(e, a)} was installed", e)
+    # the rows an install loads are 0..n-1: a row skipped below the last one loaded would keep
+    # the previous install's weights (rows past n only meet lanes that the operand leaves 0)
+    ins = gi[installed]
+    cnt = np.bincount(ins, minlength=len(iw))
+    top = np.full(len(iw), -1, np.int64)
+    np.maximum.at(top, ins, e.args[lw[installed], 0])
+    for j in np.flatnonzero((cnt > 0) & (cnt != top + 1)):
+        rows = set(e.args[lw[installed][ins == j], 0].tolist())
+        gaps = sorted(set(range(int(top[j]) + 1)) - rows)
+        c.add("mxm-order", int(iw[j]), f"installs rows 0..{int(top[j])} of plane {int(e.unit[iw[j]])}, but rows "
+              f"{gaps[:8]} were not loaded since the previous IW (they hold stale weights)", e)
     # ABC: the weights installed on its plane by the last IW before it
     wi = np.searchsorted(iwkey, e.unit[abc] * BIG + e.cycle[abc], "right") - 1
     wic = np.maximum(wi, 0)
