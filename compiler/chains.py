@@ -32,20 +32,21 @@ class Ctx:
         self.lw_q = [tuple(m.mxm_queue(p, MXM_LW, i) for i in range(m.lw_ports_per_plane)) for p in range(m.mxm_planes)]
         self.ctl_q = [m.mxm_queue(p, MXM_CTL) for p in range(m.mxm_planes)]
         self.acc_q = [m.mxm_queue(p, MXM_ACC) for p in range(m.mxm_planes)]
-        self.tables: dict[tuple, int] = {}
+        self.tables: dict[bytes, int] = {}
         self.mxm_load: dict[int, int] = {}   # plane -> cycles of work given to it so far
         self.sxm_turn = 0
 
     def table(self, entries) -> int:
-        key = tuple(int(e) for e in entries)
-        if key not in self.tables:
-            self.tables[key] = len(self.tables)
-        return self.tables[key]
+        key = np.asarray(entries, np.int32).tobytes()
+        i = self.tables.get(key)
+        if i is None:
+            i = self.tables[key] = len(self.tables)
+        return i
 
     def table_array(self) -> np.ndarray:
         out = np.full((len(self.tables), self.lanes), -1, np.int32)
         for key, i in self.tables.items():
-            out[i] = key
+            out[i] = np.frombuffer(key, np.int32)
         return out
 
     def next_sxm(self) -> int:
