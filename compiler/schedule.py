@@ -76,6 +76,7 @@ class Scheduler:
         self.slot_r: dict[int, int] = {}    # slot -> last read cycle
         self.markers: dict = {}
         self.hints: dict = {}
+        self.gcount: dict[int, int] = {}    # id(queue group) * BIG + cycle -> queues of it in use
         self.out = Placed()
         self.last_cycle = -1                # max over placed instructions of issue + latency
         self.n_chains = 0
@@ -112,7 +113,7 @@ class Scheduler:
             if prev is not None and prev + chain.hint[1] > floor:
                 floor = prev + chain.hint[1]
         T = self._earliest(chain, floor)
-        qbusy, bbusy = self.qbusy, self.bbusy
+        qbusy, bbusy, gcount = self.qbusy, self.bbusy, self.gcount
         limit = T + 1_000_000
         inss = chain.ins
         pilots = [ins for ins in inss if len(ins.queues) == 1]
@@ -139,7 +140,11 @@ class Scheduler:
                     if ins.bank >= 0 and ins.bank * BIG + t in bbusy:
                         T += 1
                         continue
-                    if all(q * BIG + t in qbusy for q in ins.queues):
+                    if len(ins.queues) == 1:
+                        if ins.queues[0] * BIG + t in qbusy:
+                            T += 1
+                            continue
+                    elif gcount.get(id(ins.queues) * BIG + t, 0) >= len(ins.queues):
                         T += 1
                         continue
                     break
@@ -178,6 +183,7 @@ class Scheduler:
                     break
             else:
                 return ins if all(q * BIG + t in qbusy for q in ins.queues) else None
+
             for eq, eoff in ins.extra:
                 key = eq * BIG + T + eoff
                 if key in qbusy or key in taken:
@@ -216,9 +222,13 @@ class Scheduler:
         groups = chain.groups
         last = self.last_cycle
         line, node = chain.line, chain.node
+        gcount = self.gcount
         for ins, q in zip(chain.ins, chosen):
             t = T + ins.off
             qadd(q * BIG + t)
+            if len(ins.queues) > 1:
+                gk = id(ins.queues) * BIG + t
+                gcount[gk] = gcount.get(gk, 0) + 1
             for eq, eoff in ins.extra:
                 qadd(eq * BIG + T + eoff)
             if ins.bank >= 0:
