@@ -1,0 +1,199 @@
+"""Lower bounds on the cycles of a program, computed from its IR graph and the machine config
+alone (never from the compiler's schedule), so that `cycles / bound` says how far a schedule is
+from what the machine could do. Each bound is a number no correct schedule can beat:
+
+- compute: the MXM plane-cycles the matmuls need, over all planes: sum of MACs / macs_per_cycle
+  (dtype), with i8 @ i8 at the i8 rate and every other matmul at the f16 rate (ragged tiles are
+  not rounded up, so this is below what any tiling costs); plus the fill (no ABC can issue before
+  the earliest matmul's operands are read and its weights installed: mem_read + K rows /
+  lw_ports_per_plane + 1 IW) and the drain (the last ABC's result needs mxm_abc + mxm_acc, then
+  1 + icu_skew): the busiest plane does at least the average work between the two.
+- vxm: every elementwise op, mask, rope and reduction handles each of its 320-lane vectors (rows
+  x ceil(last dim / lanes)) on one VXM ALU for at least one cycle: vectors / vxm_alus. Casts and
+  shape ops are free (they can fold into loads, conversions on LW, or addressing).
+- sram and stream: every byte of a declared tensor that the program reads (slices count only
+  the region they read; the old version of a stored state is not read) and every byte it
+  writes (outputs, stored regions) leaves or enters a MEM slice and crosses a stream at least
+  once: bytes / sram_bytes_per_cycle and bytes / stream_bytes_per_cycle.
+- critical path: the longest chain of dependent ops, each at its functional delay from the
+  config ([latency]: mem_read for a leaf, vxm or vxm_transcendental, mxm_abc + mxm_acc for a
+  matmul, sxm + vxm per level of a lane reduction tree), plus the hops a value must travel
+  between the units' positions on the floorplan (VXM <-> MXM, VXM <-> SXM), plus 1 + icu_skew
+  at the end (the emulator's cycle count). A lane-axis sum may also go through the MXM (a matmul
+  with a ones vector): the cheaper of the two counts.
+
+The program's bound is the largest of these."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from compiler.ir import BINARY, ITEMSIZE, LEAVES, REDUCE, UNARY, IRGraph, Node
+from isa.machine import MachineConfig
+
+TRANSCENDENTAL = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "div"})
+VXM_OPS = BINARY | UNARY | REDUCE | {"causal", "rope"}
+FREE = frozenset({"cast", "transpose", "reshape", "slice", "concat", "store", "output"})
+
+
+def vectors(shape: tuple, lanes: int) -> int:
+    """320-lane vectors holding a tensor laid out by rows of its last axis."""
+    if not shape:
+        return 1
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    return rows * max(1, math.ceil(shape[-1] / lanes))
+
+
+def matmul_macs(graph: IRGraph, n: Node) -> int:
+    a, b = graph.node(n.inputs[0]), graph.node(n.inputs[1])
+    k = a.shape[-1]
+    return int(np.prod(n.shape, dtype=np.int64)) * k
+
+
+def matmul_rate_dtype(graph: IRGraph, n: Node) -> str:
+    a, b = graph.node(n.inputs[0]), graph.node(n.inputs[1])
+    return "i8" if a.dtype == "i8" and b.dtype == "i8" else "f16"
+
+
+def _leaf_bytes_read(graph: IRGraph, leaf: Node) -> int:
+    """Bytes of `leaf` that some op reads: the union of the regions read through chains of
+    slices (a store's old-version operand is not a read)."""
+    shape = leaf.shape
+    regions: list[tuple] = []
+    whole = False
+
+    def walk(nid: int, box: list, axes: list):
+        nonlocal whole
+        for u in graph.users(nid):
+            n = graph.node(u)
+            if n.op == "store" and n.inputs[0] == nid and n.inputs[1] != nid:
+                continue
+            if n.op == "slice":
+                nb, na = list(box), []
+                for ax, ix in zip(axes, n.attrs["index"]):
+                    lo = box[ax][0]
+                    if isinstance(ix, int):
+                        nb[ax] = (lo + ix, lo + ix + 1)
+                    else:
+                        nb[ax] = (lo + ix[0], lo + ix[1])
+                        na.append(ax)
+                walk(u, nb, na)
+            else:
+                if all(lo == 0 and hi == s for (lo, hi), s in zip(box, shape)):
+                    whole = True
+                regions.append(tuple(box))
+
+    walk(leaf.id, [(0, s) for s in shape], list(range(len(shape))))
+    if whole:
+        return leaf.nbytes
+    if not regions:
+        return 0
+    if len(regions) == 1:
+        n = int(np.prod([hi - lo for lo, hi in regions[0]], dtype=np.int64))
+    else:
+        mask = np.zeros(shape, bool)
+        for box in regions:
+            mask[tuple(slice(lo, hi) for lo, hi in box)] = True
+        n = int(mask.sum())
+    return n * ITEMSIZE[leaf.dtype]
+
+
+def traffic(graph: IRGraph) -> tuple[int, int]:
+    """(bytes read from declared tensors, bytes written to outputs and stored regions)."""
+    read = sum(_leaf_bytes_read(graph, n) for n in graph.nodes() if n.op in ("input", "weight", "state"))
+    written = 0
+    for n in graph.nodes():
+        if n.op == "output":
+            written += graph.node(n.inputs[0]).nbytes
+        elif n.op == "store":
+            written += graph.node(n.inputs[1]).size * ITEMSIZE[n.dtype]
+    return read, written
+
+
+def _place(n: Node) -> str:
+    if n.op in LEAVES:
+        return "mem"
+    if n.op == "matmul":
+        return "mxm"
+    if n.op in VXM_OPS:
+        return "vxm"
+    return "free"
+
+
+def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = None) -> int:
+    """The critical path bound; `first_matmul`, if given, receives the earliest cycle any matmul
+    can issue its first ABC (activations ready, weights read and installed)."""
+    lat = m.latency
+    d_mxm = min(abs(m.vxm_pos - m.mxm_pos(p)) for p in range(m.mxm_planes))
+    d_sxm = min(abs(m.vxm_pos - m.sxm_pos(h)) for h in range(2))
+    finish: dict[int, int] = {}
+    place: dict[int, str] = {}
+    for n in graph.nodes():
+        p = _place(n)
+        if n.op in LEAVES:
+            finish[n.id] = lat["mem_read"] if n.op != "const" else 0
+            place[n.id] = p
+            continue
+        ready = 0
+        srcs = []
+        for i in n.inputs:
+            hop = d_mxm if {place[i], p} == {"mxm", "vxm"} else 0
+            ready = max(ready, finish[i] + hop)
+            srcs.append(place[i])
+        if p == "free":
+            finish[n.id] = ready
+            # a free op forwards its input's place (the value has not moved)
+            place[n.id] = next((s for s in srcs if s != "mem"), srcs[0] if srcs else "mem")
+            continue
+        if n.op == "matmul":
+            d = lat["mxm_abc"] + lat["mxm_acc"]
+            install = lat["mem_read"] + math.ceil(min(graph.node(n.inputs[1]).shape[-2], m.lanes)
+                                                  / m.lw_ports_per_plane) + 1
+            ready = max(ready, install)
+            if first_matmul is not None:
+                first_matmul.append(ready)
+        elif n.op in REDUCE and n.attrs["axis"] == len(graph.node(n.inputs[0]).shape) - 1:
+            width = graph.node(n.inputs[0]).shape[-1]
+            levels = math.ceil(math.log2(min(width, m.lanes))) if width > 1 else 0
+            d = lat["vxm"] + levels * (lat["sxm"] + lat["vxm"] + 2 * d_sxm)
+            if n.op != "max":     # a sum can also be a matmul with a ones vector
+                d = min(d, 2 * d_mxm + lat["mxm_abc"] + lat["mxm_acc"] + lat["vxm"])
+        elif n.op in TRANSCENDENTAL:
+            d = lat["vxm_transcendental"]
+        else:
+            d = lat["vxm"]
+        finish[n.id] = ready + d
+        place[n.id] = p
+    ends = [finish[nid] for nid in graph.outputs.values()] + [finish[nid] for nid in graph.final_states.values()]
+    return (max(ends) if ends else 0) + 1 + m.icu_skew
+
+
+def lower_bounds(graph: IRGraph, m: MachineConfig) -> dict:
+    """Every bound (cycles) and `bound`, the largest, with `bound_kind` naming it."""
+    compute = 0.0
+    vxm_vectors = 0
+    macs = {"i8": 0, "f16": 0}
+    for n in graph.nodes():
+        if n.op == "matmul":
+            dt = matmul_rate_dtype(graph, n)
+            mk = matmul_macs(graph, n)
+            macs[dt] += mk
+            compute += mk / m.macs_per_cycle(dt)
+        elif n.op in VXM_OPS:
+            vxm_vectors += vectors(graph.node(n.inputs[0]).shape if n.op in REDUCE else n.shape, m.lanes)
+    read, written = traffic(graph)
+    starts: list = []
+    path = critical_path(graph, m, starts)
+    lat = m.latency
+    drain = lat["mxm_abc"] + lat["mxm_acc"] + 1 + m.icu_skew
+    b = {
+        "compute": math.ceil(compute) + (min(starts) + drain if starts else 0),
+        "vxm": math.ceil(vxm_vectors / m.vxm_alus),
+        "sram": math.ceil((read + written) / m.sram_bytes_per_cycle()),
+        "stream": math.ceil((read + written) / m.stream_bytes_per_cycle()),
+        "critical_path": path,
+    }
+    kind = max(b, key=b.get)
+    return dict(b, bound=b[kind], bound_kind=kind, macs_i8=macs["i8"], macs_f16=macs["f16"],
+                bytes_read=read, bytes_written=written)
