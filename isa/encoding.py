@@ -6,7 +6,8 @@ Layout (all integers little-endian):
     version     u16      FORMAT_VERSION
     length      u32      bytes after this field, up to and including the checksum
     sections    each: tag (4 ASCII bytes), body length u32, body; in this order:
-        HEAD    machine name (str), machine config (str, JSON), config hash (str)
+        HEAD    machine name (str), machine config (str, JSON), config hash (str), opcode table
+                hash (str: isa.opcodes.TABLE_HASH)
         INST    count u32, then per instruction: queue u16, opcode u8, each field of the opcode
                 (kinds from isa/opcodes.py: int -> i32, ref -> u16, dtype -> u8, f32 -> 4 bytes of
                 bits), line u32, node i32 (-1: none)
@@ -38,11 +39,11 @@ import numpy as np
 
 from isa.errors import BinaryError, ConfigError
 from isa.machine import UNIT_ICU, UNIT_NAMES, MachineConfig
-from isa.opcodes import DTYPE_WIDTH, DTYPES, NARGS, OPS
+from isa.opcodes import DTYPE_WIDTH, DTYPES, NARGS, OPS, TABLE_HASH
 from isa.program import Program, Symbol, config_hash
 
 MAGIC = b"\x89LPUBIN\n"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SECTIONS = (b"HEAD", b"INST", b"SYMS", b"CNST", b"TABL", b"NODE", b"META")
 _PREAMBLE = len(MAGIC) + 2 + 4
 
@@ -250,6 +251,7 @@ def _encode_head(p: Program, w: _Writer):
     w.str(p.machine.name)
     w.str(json.dumps(p.machine.to_dict(), sort_keys=True, separators=(",", ":")))
     w.str(config_hash(p.machine))
+    w.str(TABLE_HASH)
 
 
 _ENCODERS = (_encode_head, _encode_instructions, _encode_symbols, _encode_consts, _encode_tables,
@@ -333,7 +335,10 @@ class _Reader:
 
 
 def _read_head(r: _Reader, machine):
-    name, cfg_json, stored = r.str(), r.str(), r.str()
+    name, cfg_json, stored, table = r.str(), r.str(), r.str(), r.str()
+    if table != TABLE_HASH:
+        raise BinaryError(f"built by another version of lpu: its instruction set differs (opcode table "
+                          f"{table}, this lpu has {TABLE_HASH}); recompile it from its source")
     try:
         cfg = MachineConfig.from_dict(json.loads(cfg_json), source=f"<lpubin:{name}>")
     except (ValueError, TypeError, AttributeError, ConfigError) as e:

@@ -135,6 +135,10 @@ TPOUT = _op("TPOUT", UNIT_SXM, [("buf", I), ("col", I), ("out", R)], "sxm", 0,
             doc="byte plane b of out = column col of transpose buffer buf+b")
 
 OPS: tuple[OpSpec, ...] = tuple(_TABLE)
+# fingerprint of the instruction set: binaries record it, so one built before the table changed
+# is refused by name rather than decoded into other instructions
+TABLE_HASH = __import__("hashlib").sha256(repr([(s.name, s.unit, s.fields, s.latency, s.phase, s.role)
+                                                for s in OPS]).encode()).hexdigest()[:16]
 BY_NAME = {s.name: s for s in OPS}
 TRANSCENDENTAL = frozenset(s.code for s in OPS if s.latency == "vxm_transcendental")
 SXM_TRANSPOSE_BUFFERS = 4   # one per byte plane of the widest dtype

@@ -303,3 +303,12 @@ def test_damage_gives_a_program_or_a_binary_error(case):
     else:
         assert isinstance(p, Program)
         assert decode(encode(p)) == p
+
+
+def test_binary_of_another_instruction_set_is_refused_by_name():
+    from isa.opcodes import TABLE_HASH
+    data = encode(every_opcode_program())
+    assert TABLE_HASH.encode() in data
+    other = fix_header(data.replace(TABLE_HASH.encode(), b"0" * len(TABLE_HASH)))
+    with pytest.raises(BinaryError, match="another version of lpu"):
+        decode(other)

@@ -123,7 +123,7 @@ CASES = [
     Case("bad magic", {"b.lpubin": lambda b: b"NOTLPU" + b["tiny"][6:]}, ["run", "b.lpubin"],
          ["error: b.lpubin: not an .lpubin file (bad magic bytes)"]),
     Case("format version", {"b.lpubin": lambda b: reseal(b["tiny"], 7)}, ["run", "b.lpubin"],
-         ["error: b.lpubin: .lpubin format version 7, but this lpu reads version 1"]),
+         [f"error: b.lpubin: .lpubin format version 7, but this lpu reads version {FORMAT_VERSION}"]),
     Case("checksum", {"b.lpubin": lambda b: b["tiny"][:200] + bytes([b["tiny"][200] ^ 4]) + b["tiny"][201:]},
          ["run", "b.lpubin"], ["error: b.lpubin: corrupt .lpubin: checksum mismatch"]),
     Case("truncated", {"b.lpubin": lambda b: b["tiny"][:len(b["tiny"]) // 2]}, ["disasm", "b.lpubin"],
