@@ -16,8 +16,9 @@ proves, for every instruction and every repetition of a REPEAT:
                   of the reader: it arrives in exactly the cycle it is read
   stream-unread   every value put on a stream is read by someone
   sram-live       an SRAM plane slot is read only after it holds a value (a WRITE, or a symbol
-                  loaded before cycle 0); a written value is read before it is overwritten; an
-                  input/weight/const slot is not written before its last read
+                  loaded before cycle 0); no WRITE falls between two reads of a slot by one IR
+                  node (the reads of one value) by another node; an input/weight/const slot is not written
+                  before its last read
   mxm-order       LW rows are installed by a later IW (and loaded once per install), ABC
                   finds installed weights of its dtype, an accumulator row is read (ACC) after
                   its last ABC is done and before it is reset, TPIN rows are read out (TPOUT)
@@ -329,10 +330,29 @@ class Checker:
         reads_after = reads_total[gid] - (cr - np.concatenate([[0], cr])[gstart][gid])
         for i in np.flatnonzero(~wr & (writes_before == 0) & ~loaded):
             self.add("sram-live", int(ev[i]), f"reads {self._slot(slot[i])}, which holds no value yet", e)
-        lost = np.flatnonzero(wr[1:] & wr[:-1] & ~start[1:] & ~is_state[1:]) + 1
-        for i in lost:
-            self.add("sram-live", int(ev[i]), f"overwrites {self._slot(slot[i])} before the value written by "
-                     f"{self.describe(e, ev[i - 1])} was read", e)
+        # a value is live from its WRITE through the reads of one consumer: no other WRITE may
+        # fall between the first and the last read of a slot by one IR node (a write nobody
+        # reads is legal: the compiler stores dead values and chunks no view uses)
+        node = self.p.node[e.src[ev]].astype(np.int64)
+        r = np.flatnonzero(~wr & (node >= 0))
+        if len(r):
+            key = slot[r] * (len(self.p.nodes) + 1) + node[r]
+            o = np.argsort(key, kind="stable")
+            k, pos = key[o], r[o]
+            gs = np.flatnonzero(np.append(True, k[1:] != k[:-1]))
+            ge = np.append(gs[1:], len(k)) - 1
+            cwi = np.cumsum(wr)
+            hit = np.flatnonzero(cwi[pos[ge]] - cwi[pos[gs]] > 0)
+            wpos = np.flatnonzero(wr)
+            for g in hit:
+                a, b = pos[gs[g]], pos[ge[g]]
+                between = wpos[np.searchsorted(wpos, a):np.searchsorted(wpos, b)]
+                other = between[node[between] != node[a]]     # a node may reuse its own scratch
+                if not len(other):
+                    continue
+                w = other[0]
+                self.add("sram-live", int(ev[w]), f"overwrites {self._slot(slot[w])} while it is still read: by "
+                         f"{self.describe(e, ev[a])} and again by {self.describe(e, ev[b])} (same IR node)", e)
         for i in np.flatnonzero(wr & is_ro & (reads_after > 0)):
             self.add("sram-live", int(ev[i]), f"overwrites {self._slot(slot[i])} of a loaded tensor, which is "
                      f"still read later ({int(reads_after[i])} more read{'s' if reads_after[i] > 1 else ''})", e)
