@@ -314,13 +314,16 @@ def i8_to_f16_bits(v):
 
 @njit(cache=True)
 def dot(x, w, lanes, y):
-    """y[n] = sum over k (in order) of x[k] * w[k, n], in float64."""
-    for n in range(lanes):
-        y[n] = 0.0
+    """y[n] = sum over k (in order) of x[k] * w[k, n], in float64 (a local accumulator, so the
+    inner loop over n vectorizes)."""
+    acc = np.zeros(lanes)
     for k in range(lanes):
         xk = x[k]
+        row = w[k]
         for n in range(lanes):
-            y[n] += xk * w[k, n]
+            acc[n] += xk * row[n]
+    for n in range(lanes):
+        y[n] = acc[n]
 
 
 # ---- streams -----------------------------------------------------------------------------------
