@@ -103,7 +103,7 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
             for r, src in enumerate(srcs):
                 cb = ChainBuilder(c, n.line, n.id)
                 gi = cb.read(src, wb, pos, 0)
-                cb.lw(u, 0, r, (gi, bdt), after=((("iw", u), 1),), mark=((("lw", u), 0),), cvt=int(cvt))
+                cb.lw(u, 0, r, (gi, bdt), after=((("iw", u), 0),), mark=((("lw", u), 0),), cvt=int(cvt))
                 lw.chains.append(cb.chain())
             cb = ChainBuilder(c, n.line, n.id)
             cb.iw(u, 0, dt, 1 if trans else 0, after=((("lw", u), 1), (("abc", u), hold)),
