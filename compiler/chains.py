@@ -54,6 +54,10 @@ class Ctx:
         self.sxm_turn ^= 1
         return self.sxm_turn
 
+    def sxm_near(self, slot: int) -> int:
+        """The SXM on the hemisphere of a plane slot: its data needs the fewest hops."""
+        return self.m.slice_hemisphere(slot % self.nslices)
+
 
 def _dir_to(src: int, dst: int) -> int:
     return EAST if dst > src else WEST

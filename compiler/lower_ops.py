@@ -80,7 +80,7 @@ def _stage(lw, node, v, avoid):
 def sxm_chain(lw, node, op, src, dst, dtype, param, h=None):
     """READ -> one SXM op -> WRITE (lane moves that keep the dtype)."""
     c = lw.ctx
-    h = c.next_sxm() if h is None else h
+    h = c.sxm_near(src) if h is None else h
     spos = c.m.sxm_pos(h)
     w, dt = dtype_width(dtype), DTYPE_CODE[dtype]
     cb = ChainBuilder(c, node.line, node.id)
@@ -93,7 +93,7 @@ def sxm_chain(lw, node, op, src, dst, dtype, param, h=None):
 def sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv):
     """READ src -> SXM sop -> VXM vop (with `other` read from SRAM) -> WRITE dst."""
     c = lw.ctx
-    h = c.next_sxm()
+    h = c.sxm_near(src)
     spos, vpos = c.m.sxm_pos(h), c.m.vxm_pos
     w, dt = dtype_width(dtype), DTYPE_CODE[dtype]
     cb = ChainBuilder(c, node.line, node.id)
