@@ -19,6 +19,7 @@ import numpy as np
 
 from compiler import lower_mxm
 from compiler.chains import ChainBuilder
+from compiler.schedule import Ins
 from compiler.movement import assemble, source_map, transpose_last2
 from isa import opcodes as O
 from isa.errors import UnsupportedError
@@ -107,6 +108,39 @@ def sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv
         return sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv)
     go = cb.write(dst, dtype_width(out_dt), vpos, c.lat[vop])
     cb.vxm(vop, 0, (g_o, DTYPE_CODE[other[1]]), (g_s, dt), (go, DTYPE_CODE[out_dt]), nv=nv)
+    lw.chains.append(cb.chain())
+
+
+def lane_step_chain(lw, node, sop, shifts, src, vop, dst, cdt, out_dt, nv):
+    """One step of a lane reduction, radix len(shifts)+1: the SXM makes the shifted copies of
+    src in one cycle (one queue each), the VXM combines them with src in a small tree fed
+    straight from the streams, and the result is written to dst."""
+    c = lw.ctx
+    h = c.sxm_near(src[0])
+    spos, vpos = c.m.sxm_pos(h), c.m.vxm_pos
+    w, dt = dtype_width(src[1]), DTYPE_CODE[src[1]]
+    cb = ChainBuilder(c, node.line, node.id)
+    ts = -(c.lat[sop] + abs(vpos - spos))          # SXM issue offset; VXM at 0
+    gi = cb.read(src[0], w, spos, ts)
+    terms = [(cb.read(src[0], w, vpos, 0), dt)]
+    for i, k in enumerate(shifts):
+        g = cb.link(spos, vpos, 0, w)
+        cb.ins.append(Ins((c.sxm_q[h][i],), ts, sop, [0, 0, -k], ((0, gi, 0, dt), (1, g, 0, dt))))
+        terms.append((g, dt))
+    off, lat, wc = 0, c.lat[vop], dtype_width(cdt)
+    while len(terms) > 1:
+        nxt = []
+        last = len(terms) <= 2
+        for j in range(0, len(terms) - 1, 2):
+            if last:
+                go = (cb.write(dst, dtype_width(out_dt), vpos, off + lat), DTYPE_CODE[out_dt])
+            else:
+                go = (cb.link(vpos, vpos, off + lat, wc), DTYPE_CODE[cdt])
+            cb.vxm(vop, off, terms[j], terms[j + 1], go, nv=nv if last else c.lanes)
+            nxt.append(go)
+        if len(terms) % 2:
+            raise AssertionError("lane step radix must be a power of two")
+        terms, off = nxt, off + lat
     lw.chains.append(cb.chain())
 
 
@@ -251,8 +285,9 @@ def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop):
 
 
 def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
-    """Per row: combine the chunks into one vector (in a temp), then a lane tree in place:
-    t = t op SHIFT(t, -2^s) (ROTATE for max, whose padding lanes are first set to -inf)."""
+    """Per row: combine the chunks into one vector (in a temp), then a lane tree in place, radix
+    4 where the SXM has the queues: t = t op SHIFT(t, -s) op SHIFT(t, -2s) op SHIFT(t, -3s),
+    s = 1, 4, 16, ... (ROTATE for max, whose padding lanes are first set to -inf)."""
     lanes = lw.lanes
     c = src_n.shape[-1] if src_n.shape else 1
     is_max = n.op == "max"
@@ -263,7 +298,13 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
     t1, r1 = lw.temp((nrows, 2 * lanes), cdt)       # two scratch vectors per row: rows pipeline
     t1 = t1.reshape(lead_shape + (2,))
     width = min(c, lanes)
-    steps = int(np.ceil(np.log2(width))) if width > 1 else 0
+    radix = 4 if lw.m.sxm_queues_per_hemisphere >= 3 else 2
+    plan = []                         # the shifts of each step: radix-1 copies, 1, r, r^2, ...
+    span = 1
+    while span < width:
+        plan.append([span * j for j in range(1, radix) if span * j < width])
+        span *= radix
+    steps = len(plan)
     for lead in np.ndindex(src.shape[:-1]):
         ta, tb = int(t1[lead + (0,)]), int(t1[lead + (1,)])
         dst = int(out[lead + (0,)])
@@ -278,9 +319,14 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
         if steps == 0:
             vxm_chain(lw, n, O.VXM_UNARY["CONV"], dst, final_dt, 1, cur)
             continue
-        for s in range(steps):
-            d, ddt, nv = (dst, final_dt, 1) if s == steps - 1 else (ta, cdt, lanes)
-            sxm_vxm_chain(lw, n, sop, -(1 << s), cur[0], vop, cur, d, cur[1], ddt, nv)
+        for si, shifts in enumerate(plan):
+            d, ddt, nv = (dst, final_dt, 1) if si == steps - 1 else (ta, cdt, lanes)
+            if len(shifts) == 1:
+                sxm_vxm_chain(lw, n, sop, -shifts[0], cur[0], vop, cur, d, cur[1], ddt, nv)
+            else:
+                if len(shifts) == 2:      # pad to a power of two with a shift that adds nothing
+                    shifts = shifts + [lanes] if sop == O.SHIFT else shifts + [shifts[0]]
+                lane_step_chain(lw, n, sop, shifts, cur, vop, d, cdt, ddt, nv)
             cur = (d, ddt)
     lw.free_temp(r1)
 

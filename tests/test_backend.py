@@ -143,3 +143,10 @@ def test_i8_weights_widened_by_the_mxm(tiny):
     from isa.opcodes import LW
     assert (prog.args[prog.op == LW, 2] == 1).all()      # widened on load, no f16 copy of w
     assert chk["ok"] and res.cycles == prog.predicted_cycles
+
+
+@pytest.mark.parametrize("cols", [3, 37, 700])
+@pytest.mark.parametrize("expr", ["softmax(x)", "x - mean(x, axis=-1)", "max(x, axis=-1)", "sum(x, axis=-1)"])
+def test_lane_reductions_on_tsp(tsp, expr, cols):
+    prog, res, chk = compile_run_check(f"input x : f32[3, {cols}]\noutput y = {expr}\n", tsp)
+    assert chk["ok"], chk
