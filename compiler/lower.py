@@ -20,8 +20,8 @@ from isa.program import Symbol
 
 
 class Lowered:
-    def __init__(self, chains, symbols, ctx, alloc):
-        self.chains = chains
+    def __init__(self, n_chains, symbols, ctx, alloc):
+        self.n_chains = n_chains
         self.symbols = symbols
         self.ctx = ctx
         self.alloc = alloc
@@ -124,8 +124,11 @@ class Lowerer:
         return grid
 
     # ---- the walk ------------------------------------------------------------------------------
-    def run(self) -> Lowered:
+    def run(self, sink) -> Lowered:
+        """Lower every node in order, handing each node's chains to `sink` (the scheduler) as
+        soon as they exist, so that only one node's chains are ever held in memory."""
         self.place_persistent()
+        n_chains = 0
         g, plan = self.g, self.plan
         free_after: dict[int, list[int]] = {}
         for owner, last in plan.last_use.items():
@@ -151,10 +154,14 @@ class Lowerer:
                     L.LOWER[n.op](self, n)
             except UnsupportedError as e:
                 raise UnsupportedError(f"{g.source_name}:{n.line}:{n.col}: {n.op}: {e.message} is not supported yet") from None
+            for ch in self.chains:
+                sink(ch)
+            n_chains += len(self.chains)
+            self.chains = []
             for owner in free_after.get(n.id, ()):
                 if owner in self.regions:
                     self.alloc.release(*self.regions.pop(owner))
-        return Lowered(self.chains, self.symbols, self.ctx, self.alloc)
+        return Lowered(n_chains, self.symbols, self.ctx, self.alloc)
 
     def view(self, n):
         return self._view(n).reshape(grid_shape(n.shape, self.lanes))
@@ -191,5 +198,5 @@ class Lowerer:
         self.symbol(name, "output", srcn.dtype, srcn.shape, grid)
 
 
-def lower(graph: IRGraph, machine) -> Lowered:
-    return Lowerer(graph, machine).run()
+def lower(graph: IRGraph, machine, sink) -> Lowered:
+    return Lowerer(graph, machine).run(sink)
