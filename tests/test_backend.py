@@ -150,3 +150,50 @@ def test_i8_weights_widened_by_the_mxm(tiny):
 def test_lane_reductions_on_tsp(tsp, expr, cols):
     prog, res, chk = compile_run_check(f"input x : f32[3, {cols}]\noutput y = {expr}\n", tsp)
     assert chk["ok"], chk
+
+
+SMALL_PROGRAMS = ["matmul", "mlp", "attention_prefill", "attention_decode", "gpt2_block_prefill",
+                  "gpt2_block_decode", "llama_block_decode",
+                  pytest.param("llama_block_prefill", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("name", SMALL_PROGRAMS)
+def test_bundled_program_checks_on_tsp(tsp, name):
+    prog, graph = api.compile(os.path.join(PROGRAMS, f"{name}.lpu"), {}, tsp)
+    values = api.inputs_for(graph, prog, 0)
+    res = run(prog, values)
+    assert res.cycles == prog.predicted_cycles
+    assert api.check(graph, prog, values, res)["ok"]
+
+
+def test_disasm_then_asm_gives_the_same_bytes(tmp_path):
+    from lpu.cli import main
+    b1, s, b2 = tmp_path / "a.lpubin", tmp_path / "a.s", tmp_path / "b.lpubin"
+    assert main(["compile", os.path.join(PROGRAMS, "attention_decode.lpu"), "-o", str(b1)]) == 0
+    assert main(["disasm", str(b1), "-o", str(s)]) == 0
+    assert main(["asm", str(s), "-o", str(b2)]) == 0
+    assert b1.read_bytes() == b2.read_bytes()
+
+
+def test_emulated_gpt2_block_matches_independent_numpy(tsp):
+    """The emulator against a GPT-2 block written directly in numpy (not the IR interpreter)."""
+    from compiler.semantics import TOLERANCE
+    from test_reference import gpt2_block_numpy
+    params = {"S": 16, "D": 64, "H": 4, "C": 32}
+    prog, graph = api.compile(os.path.join(PROGRAMS, "gpt2_block_prefill.lpu"), params, tsp)
+    values = api.inputs_for(graph, prog, 0)
+    res = run(prog, values)
+    want, qkv = gpt2_block_numpy(values, graph.params)
+    atol, rtol = TOLERANCE["f16"]
+    np.testing.assert_allclose(res.outputs["y"].astype(np.float64), want.astype(np.float64), atol=atol, rtol=rtol)
+    np.testing.assert_allclose(res.states["kc"][:16].astype(np.float64), qkv[:, 64:128].astype(np.float64),
+                               atol=atol, rtol=rtol)
+
+
+def test_emulated_i8_weight_model_checks(tsp):
+    prog, graph = api.compile(os.path.join(PROGRAMS, "gpt2_small_decode.lpu"),
+                              {"L": 2, "D": 128, "H": 2, "C": 32, "T": 5}, tsp)
+    values = api.inputs_for(graph, prog, 0)
+    res = run(prog, values)
+    assert res.cycles == prog.predicted_cycles
+    assert api.check(graph, prog, values, res)["ok"]
