@@ -36,6 +36,11 @@ def check_mxm(c, e):
     iw = np.flatnonzero(e.op == O.IW)
     abc = np.flatnonzero(e.op == O.ABC)
     lw_dt, iw_dt, abc_dt = e.args[lw, 1] >> 8, e.args[iw, 0], e.args[abc, 0] >> 8
+    cvt = e.args[lw, O.BY_NAME["LW"].field_index("cvt")] != 0
+    bad_cvt = cvt & (lw_dt != O.DT_I8)
+    for i in np.flatnonzero(bad_cvt):
+        c.add("operand", int(lw[i]), "LW cvt=1 widens an i8 row: its operand must be i8", e)
+    lw_dt = np.where(cvt, O.DT_F16, lw_dt)    # the row lands in the f16 buffer
     for sel, dt, what in ((lw, lw_dt, "LW"), (iw, iw_dt, "IW"), (abc, abc_dt, "ABC")):
         for i in np.flatnonzero(~_mxm_dtype_ok(dt, e.unit[sel])):
             c.add("operand", int(sel[i]), f"{what} dtype {int(dt[i])}: i8, or f16 on an even plane", e)
