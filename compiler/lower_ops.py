@@ -69,7 +69,7 @@ def _stage(lw, node, v, avoid):
     w = dtype_width(v[1])
     nsl = lw.ctx.nslices
     bad = {(avoid[0] + i) % nsl for i in range(dtype_width(avoid[1]))}
-    grid, region = lw.temp((1, 4 * lw.lanes), v[1])
+    grid, region = lw.temp((1, 12 * lw.lanes), v[1])      # 12 vectors: some miss avoid's slices
     lw.free_temp(region)
     for base in grid.reshape(-1):
         if not ({(int(base) + i) % nsl for i in range(w)} & bad):
@@ -183,8 +183,8 @@ def lower_elementwise(lw, n):
     for idx in np.ndindex(out.shape):
         nv = nv_of(n.shape, lanes, idx[-1])
         srcs = [(int(o[1][idx]), o[2]) if o[0] == "grid" else None for o in ops]
-        if bimm == 2:
-            srcs = [srcs[1], None]
+        if bimm == 2:          # imm op b: the tensor goes in field b
+            srcs = [None, srcs[1]]
         elif bimm == 1:
             srcs = [srcs[0], None]
         vxm_chain(lw, n, op, int(out[idx]), n.dtype, nv, *(srcs + [None])[:2], imm=imm, bimm=bimm)
@@ -298,7 +298,8 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
     t1, r1 = lw.temp((nrows, 2 * lanes), cdt)       # two scratch vectors per row: rows pipeline
     t1 = t1.reshape(lead_shape + (2,))
     width = min(c, lanes)
-    radix = 4 if lw.m.sxm_queues_per_hemisphere >= 3 else 2
+    # radix 4 needs three SXM queues and four f32 stream groups on one diagonal
+    radix = 4 if lw.m.sxm_queues_per_hemisphere >= 3 and lw.m.streams_per_direction >= 16 else 2
     plan = []                         # the shifts of each step: radix-1 copies, 1, r, r^2, ...
     span = 1
     while span < width:

@@ -117,6 +117,12 @@ class Scheduler:
         limit = T + 1_000_000
         inss = chain.ins
         pilots = [ins for ins in inss if len(ins.queues) == 1]
+        need: dict = {}
+        for d, koff, w in chain.groups:
+            need[(d, koff)] = need.get((d, koff), 0) + w
+        if need and max(need.values()) > self.nstreams:
+            raise AssertionError(f"scheduler: a chain of DSL line {chain.line} needs {max(need.values())} "
+                                 f"streams on one diagonal, the machine has {self.nstreams}")
         while T < limit:
             # fast skip: advance until the single-queue instructions (a unit's only queue) are free
             moved = True

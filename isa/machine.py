@@ -148,8 +148,9 @@ class MachineConfig:
         w = self.source
         if self.lanes > 4096:
             raise ConfigError(f"{w}: lanes ({self.lanes}) must be at most 4096")
-        if self.streams_per_direction < 4:
-            raise ConfigError(f"{w}: field 'streams_per_direction' must be at least 4 (one f32 value)")
+        if self.streams_per_direction < 8:
+            raise ConfigError(f"{w}: field 'streams_per_direction' must be at least 8 (two f32 operands "
+                              f"of one VXM instruction travel side by side)")
         if self.streams_per_direction > 64:
             raise ConfigError(f"{w}: field 'streams_per_direction' must be at most 64")
         if self.mxm_planes_per_hemisphere % 2:

@@ -20,11 +20,6 @@ def build(dsl, machine):
     except (CapacityError, UnsupportedError) as e:
         note(f"rejected: {e}")
         assume(False)
-    except AssertionError as e:
-        if "no staging slot" not in str(e):
-            raise
-        note("rejected: KNOWN_BUGS.md #4 (no staging slot)")
-        assume(False)
 
 
 def values(graph, seed=0):
