@@ -313,17 +313,37 @@ def i8_to_f16_bits(v):
 
 
 @njit(cache=True)
-def dot(x, w, lanes, y):
-    """y[n] = sum over k (in order) of x[k] * w[k, n], in float64 (a local accumulator, so the
-    inner loop over n vectorizes)."""
-    acc = np.zeros(lanes)
+def flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits):
+    """Apply the plane's pending ABCs in issue order. Their products are computed together
+    (each weight row read once for the batch), each element still summed over k in order in
+    float64, so the result is that of one product per ABC."""
+    n = pend_n[plane]
+    if n == 0:
+        return
+    w = wts[plane]
+    for b in range(n):
+        for m in range(lanes):
+            ybuf[b, m] = 0.0
     for k in range(lanes):
-        xk = x[k]
         row = w[k]
-        for n in range(lanes):
-            acc[n] += xk * row[n]
-    for n in range(lanes):
-        y[n] = acc[n]
+        for b in range(n):
+            xk = pend_x[plane, b, k]
+            yb = ybuf[b]
+            for m in range(lanes):
+                yb[m] += xk * row[m]
+    for b in range(n):
+        r, accum, dt = pend_meta[plane, b, 0], pend_meta[plane, b, 1], pend_meta[plane, b, 2]
+        if dt == D_I8:
+            acc_i = acc_bits[plane, r].view(np.int32)
+            for m in range(lanes):
+                v = np.int64(ybuf[b, m])
+                acc_i[m] = wrap32(acc_i[m] + v) if accum != 0 else v
+        else:
+            acc_f = acc_bits[plane, r].view(np.float32)
+            for m in range(lanes):
+                y32 = np.float32(ybuf[b, m])
+                acc_f[m] = np.float32(acc_f[m] + y32) if accum != 0 else y32
+    pend_n[plane] = 0
 
 
 # ---- streams -----------------------------------------------------------------------------------
@@ -477,7 +497,7 @@ def mxm_input_ok(ref, plane, spd):
 
 
 @njit(cache=True)
-def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, xv, y, hz, counters):
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta, pend_n, ybuf, hz, counters):
     if op == C_LW:
         row, ref, cvt = a[0], a[1], a[2]
         if row < 0 or row >= lanes:
@@ -506,6 +526,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
             hz[0], hz[3], hz[4] = H_BUSY, plane, busy[plane]
             return False
         busy[plane] = t + 1
+        flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits)
         install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane])
         wdt[plane] = dt
         return True
@@ -532,19 +553,13 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
             busy[pl] = t + (1 if dt == D_I8 else pair_cycles)
         if not stream_read(ref, WIDTH[dt], p, t, ring, sa, hz):
             return False
+        nb = pend_n[plane]
         for l in range(lanes):
-            xv[l] = np.float64(np.int8(sa[0, l])) if dt == D_I8 else f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
-        dot(xv, wts[plane], lanes, y)
-        if dt == D_I8:
-            acc_i = acc_bits[plane, row].view(np.int32)
-            for n in range(lanes):
-                v = np.int64(y[n])
-                acc_i[n] = wrap32(acc_i[n] + v) if accum != 0 else v
-        else:
-            acc_f = acc_bits[plane, row].view(np.float32)
-            for n in range(lanes):
-                y32 = np.float32(y[n])
-                acc_f[n] = np.float32(acc_f[n] + y32) if accum != 0 else y32
+            pend_x[plane, nb, l] = np.float64(np.int8(sa[0, l])) if dt == D_I8 else f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
+        pend_meta[plane, nb, 0], pend_meta[plane, nb, 1], pend_meta[plane, nb, 2] = row, accum, dt
+        pend_n[plane] = nb + 1
+        if nb + 1 == pend_x.shape[1]:
+            flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits)
         acc_kind[plane, row] = kind
         acc_ready[plane, row] = t + lat
         counters[K_MXM_BUSY] += 1 if dt == D_I8 else 2 * pair_cycles
@@ -553,6 +568,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
     row, ref = a[0], a[1]  # ACC
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
+    flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits)
     if ref < 0 or not (ref >> 8 == D_I32 or ref >> 8 == D_F32) or not ref_ok(ref, 4, spd):
         return operand_error(hz, 1, ref)
     if acc_ready[plane, row] > t:
@@ -622,6 +638,9 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
     return stream_write(oref, w, p, t + lat, ex, ring, so, hz)
 
 
+ABC_BATCH = 32     # an ABC's product is computed when its plane's ACC or IW comes, or 32 wait
+
+
 # ---- the run -----------------------------------------------------------------------------------
 @njit(cache=True)
 def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring_size, nplanes, acc_rows, pair_cycles,
@@ -646,8 +665,10 @@ def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring_size, npla
     ia = np.zeros(lanes, np.int64)
     u32 = np.zeros(lanes, np.uint32)
     f32v = u32.view(np.float32)
-    xv = np.zeros(lanes, np.float64)
-    y = np.zeros(lanes, np.float64)
+    pend_x = np.zeros((nplanes, ABC_BATCH, lanes), np.float64)    # ABCs not yet multiplied out
+    pend_meta = np.zeros((nplanes, ABC_BATCH, 3), np.int64)        # (acc row, accum, dtype)
+    pend_n = np.zeros(nplanes, np.int64)
+    ybuf = np.zeros((ABC_BATCH, lanes), np.float64)
     for i in range(cyc.shape[0]):
         t, op, q, a = cyc[i], ops[i], queues[i], args[i]
         p = qpos[q]
@@ -655,7 +676,8 @@ def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring_size, npla
             ok = mem_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, mem, bank_last, ring, sa, sb, hz, counters)
         elif op <= C_ACC:
             ok = mxm_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
-                          lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, xv, y, hz, counters)
+                          lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta, pend_n,
+                          ybuf, hz, counters)
         elif op <= C_MASK:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)
