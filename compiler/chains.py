@@ -34,6 +34,7 @@ class Ctx:
         self.acc_q = [m.mxm_queue(p, MXM_ACC) for p in range(m.mxm_planes)]
         self.tables: dict[bytes, int] = {}
         self.mxm_load: dict[int, int] = {}   # plane -> cycles of work given to it so far
+        self.lw_dirty: dict[int, int] = {}   # plane -> rows of its weight buffer that may be non-zero
         self.sxm_turn = 0
 
     def table(self, entries) -> int:

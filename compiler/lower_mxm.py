@@ -81,7 +81,7 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     wb, bdt = (1, DTYPE_CODE["i8"]) if cvt else (w, dt)     # weight planes read per row
     ktiles = -(-K // lanes)
     nchunks = -(-N // lanes)
-    zero = lw.zero_vector()
+    zero = lw.zero_vector() if trans else -1
     jobs = [(nt, m0) for nt in range(nchunks) for m0 in range(0, M, m.acc_rows)]
     load = c.mxm_load
     for ji, (nt, m0) in enumerate(jobs):
@@ -94,12 +94,17 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
         pos = m.mxm_pos(u)
         for kt in range(ktiles):
             # LW: the rows of this K-tile for output chunk nt
-            if trans:      # B = X.T with X [N, K]: buffer row r = X row nt*lanes + r, chunk kt
-                nrows = lanes
-                srcs = [int(bgrid[nt * lanes + r, kt]) if nt * lanes + r < N else zero for r in range(nrows)]
-            else:          # B [K, N]: buffer row r = B row kt*lanes + r, chunk nt
+            dirty = c.lw_dirty.get(u, 0)   # buffer rows >= dirty are known to hold zeros
+            if trans:      # B = X.T with X [N, K]: buffer row r = X row nt*lanes + r, chunk kt;
+                #            rows past N must be zero (they become output lanes): zero the stale ones
+                nrows = min(lanes, N - nt * lanes)
+                srcs = [int(bgrid[nt * lanes + r, kt]) for r in range(nrows)] + [zero] * max(0, dirty - nrows)
+                c.lw_dirty[u] = nrows
+            else:          # B [K, N]: buffer row r = B row kt*lanes + r, chunk nt; stale rows past K
+                #            meet zero activation lanes
                 nrows = min(lanes, K - kt * lanes)
                 srcs = [int(bgrid[kt * lanes + r, nt]) for r in range(nrows)]
+                c.lw_dirty[u] = max(dirty, nrows)
             for r, src in enumerate(srcs):
                 cb = ChainBuilder(c, n.line, n.id)
                 gi = cb.read(src, wb, pos, 0)

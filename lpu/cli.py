@@ -237,6 +237,9 @@ def main(argv=None) -> int:
         from compiler.errors import SourceError  # already says `file:line:col: error:`
         print(e.message if isinstance(e, SourceError) else f"error: {e.message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:        # `lpu ... | head`: the reader left; not an error
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
