@@ -84,7 +84,9 @@ def sxm_chain(lw, node, op, src, dst, dtype, param, h=None):
     h = c.sxm_near(src) if h is None else h
     spos = c.m.sxm_pos(h)
     w, dt = dtype_width(dtype), DTYPE_CODE[dtype]
-    cb = ChainBuilder(c, node.line, node.id)
+    # consecutive lane moves through one SXM land in increasing cycles: search from the last
+    # one's cycle, less the chip's width in slack (a hint for speed; any cycle found is valid)
+    cb = ChainBuilder(c, node.line, node.id, hint=(("sxm", h), -c.m.n_positions))
     gi = cb.read(src, w, spos, 0)
     go = cb.write(dst, w, spos, c.lat[op])
     cb.sxm(op, h, 0, (gi, dt), (go, dt), param)
