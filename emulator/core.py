@@ -1,4 +1,4 @@
-"""The jitted core: executes a program's instructions, already expanded and sorted by issue
+"""The jitted core (with emulator/arith.py, its number formats and VXM arithmetic): executes a program's instructions, already expanded and sorted by issue
 cycle (see emulator/run.py), one after the other.
 
 Arrays in, arrays out; every size comes in as a plain int argument. The core has its own
@@ -15,21 +15,13 @@ function returns the number of instructions executed before it.
 import numpy as np
 from numba import njit
 
-CORE_OPS = (
-    "READ", "WRITE", "GATHER", "SCATTER", "LW", "IW", "ABC", "ACC",
-    "ADD", "SUB", "MUL", "DIV", "MAX", "MIN",
-    "NEG", "ABS", "RELU", "CONV", "EXP", "LOG", "SQRT", "RSQRT", "TANH", "SIGMOID", "SILU", "GELU",
-    "MASK", "SHIFT", "ROTATE", "PERMUTE", "DISTRIBUTE", "TPIN", "TPOUT",
+from emulator.arith import (  # noqa: F401 (CORE_OPS, DTYPE_NAMES: used by run.py)
+    CORE_OPS, DTYPE_NAMES, C_ABC, C_ACC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
+    C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SCATTER, C_SHIFT, C_TPIN,
+    C_TPOUT, C_WRITE, D_F16, D_F32, D_I32, D_I8, WIDTH, i8_to_f16_bits,
+    vxm_compute, wrap32,
 )
-(C_READ, C_WRITE, C_GATHER, C_SCATTER, C_LW, C_IW, C_ABC, C_ACC,
- C_ADD, C_SUB, C_MUL, C_DIV, C_MAX, C_MIN,
- C_NEG, C_ABS, C_RELU, C_CONV, C_EXP, C_LOG, C_SQRT, C_RSQRT, C_TANH, C_SIGMOID, C_SILU, C_GELU,
- C_MASK, C_SHIFT, C_ROTATE, C_PERMUTE, C_DISTRIBUTE, C_TPIN, C_TPOUT) = range(len(CORE_OPS))
 
-# dtype codes as packed in refs (checked against isa.opcodes.DTYPES by run.py)
-DTYPE_NAMES = ("i8", "f16", "i32", "f32", "bf16")
-D_I8, D_F16, D_I32, D_F32, D_BF16 = range(5)
-WIDTH = np.array([1, 2, 4, 4, 2], np.int64)
 TRANSPOSE_BUFFERS = 4
 
 # hazard kinds (messages in run.py)
@@ -40,247 +32,6 @@ K_BANK_ACCESSES, K_VXM_BUSY, K_MXM_BUSY, K_SXM_BUSY, K_MACS, K_SRAM_READ, K_SRAM
 N_COUNTERS = 7
 
 NO_DIAG = -(1 << 62)
-I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
-
-
-# ---- number formats ---------------------------------------------------------------------------
-@njit(cache=True)
-def f32_bits_to_f16(u):
-    """Round an f32 bit pattern to the nearest f16 bit pattern (ties to even)."""
-    sign = (u >> 16) & 0x8000
-    e = (u >> 23) & 0xFF
-    m = u & 0x7FFFFF
-    if e == 0xFF:
-        return sign | 0x7C00 | ((0x200 | (m >> 13)) if m != 0 else 0)
-    ex = e - 127
-    if ex > 15:
-        return sign | 0x7C00
-    if ex >= -14:
-        h = ((ex + 15) << 10) | (m >> 13)
-        rem = m & 0x1FFF
-        if rem > 0x1000 or (rem == 0x1000 and (h & 1) == 1):
-            h += 1
-        return sign | h
-    if ex < -25:
-        return sign
-    full = m | 0x800000
-    shift = -ex - 1
-    h = full >> shift
-    rem = full & ((1 << shift) - 1)
-    half = 1 << (shift - 1)
-    if rem > half or (rem == half and (h & 1) == 1):
-        h += 1
-    return sign | h
-
-
-@njit(cache=True)
-def f32_bits_to_bf16(u):
-    if (u & 0x7F800000) == 0x7F800000 and (u & 0x7FFFFF) != 0:
-        return (u >> 16) | 0x40
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
-
-
-@njit(cache=True)
-def wrap32(v):
-    return ((v + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
-
-
-@njit(cache=True)
-def saturate(v, lo, hi):
-    return lo if v < lo else (hi if v > hi else v)
-
-
-@njit(cache=True)
-def float_to_int(x, lo, hi):
-    if x != x:
-        return 0
-    r = np.rint(np.float64(x))
-    if r <= lo:
-        return lo
-    if r >= hi:
-        return hi
-    return np.int64(r)
-
-
-@njit(cache=True)
-def is_float(dt):
-    return dt == D_F16 or dt == D_F32 or dt == D_BF16
-
-
-@njit(cache=True)
-def plane_bits(src, w, l):
-    v = np.int64(0)
-    for b in range(w):
-        v |= np.int64(src[b, l]) << (8 * b)
-    return v
-
-
-@njit(cache=True)
-def decode_f32(src, dt, lanes, f16tab, u32, f32v, out):
-    """Byte planes `src` of dtype `dt` -> float32 values in `out`."""
-    for l in range(lanes):
-        if dt == D_F16:
-            out[l] = f16tab[plane_bits(src, 2, l)]
-        elif dt == D_F32:
-            u32[l] = plane_bits(src, 4, l)
-            out[l] = f32v[l]
-        elif dt == D_BF16:
-            u32[l] = plane_bits(src, 2, l) << 16
-            out[l] = f32v[l]
-        else:
-            out[l] = np.float32(decode_int(src, dt, l))
-
-
-@njit(cache=True)
-def decode_int(src, dt, l):
-    if dt == D_I8:
-        v = np.int64(src[0, l])
-        return v - 256 if v >= 128 else v
-    v = plane_bits(src, 4, l)
-    return v - (1 << 32) if v >= (1 << 31) else v
-
-
-@njit(cache=True)
-def encode_f32(vals, dt, nv, lanes, u32, f32v, dst):
-    """float32 `vals` -> byte planes of dtype `dt` in `dst`; lanes >= nv are 0."""
-    for l in range(lanes):
-        bits = np.int64(0)
-        if l < nv:
-            x = vals[l]
-            if dt == D_I8:
-                bits = float_to_int(x, -128, 127) & 0xFF
-            elif dt == D_I32:
-                bits = float_to_int(x, I32_MIN, I32_MAX) & 0xFFFFFFFF
-            else:
-                f32v[l] = x
-                bits = np.int64(u32[l])
-                if dt == D_F16:
-                    bits = f32_bits_to_f16(bits)
-                elif dt == D_BF16:
-                    bits = f32_bits_to_bf16(bits)
-        for b in range(4):
-            dst[b, l] = (bits >> (8 * b)) & 0xFF
-
-
-@njit(cache=True)
-def encode_int(vals, dt, nv, lanes, dst):
-    for l in range(lanes):
-        bits = np.int64(0)
-        if l < nv:
-            bits = (saturate(vals[l], -128, 127) if dt == D_I8 else vals[l]) & 0xFFFFFFFF
-        for b in range(4):
-            dst[b, l] = (bits >> (8 * b)) & 0xFF
-
-
-# ---- VXM ---------------------------------------------------------------------------------------
-@njit(cache=True, error_model="numpy")
-def f32_unary(op, x):
-    one = np.float32(1.0)
-    if op == C_NEG:
-        return -x
-    if op == C_ABS:
-        return abs(x)
-    if op == C_RELU:
-        return np.float32(0.0) if x < 0 else x
-    if op == C_EXP:
-        return np.exp(x)
-    if op == C_LOG:
-        return np.log(x)
-    if op == C_SQRT:
-        return np.sqrt(x)
-    if op == C_RSQRT:
-        return one / np.sqrt(x)
-    if op == C_TANH:
-        return np.tanh(x)
-    if op == C_SIGMOID:
-        return one / (one + np.exp(-x))
-    if op == C_SILU:
-        return x * (one / (one + np.exp(-x)))
-    if op == C_GELU:
-        inner = np.float32(0.7978845608) * (x + np.float32(0.044715) * (x * x * x))
-        return np.float32(0.5) * x * (one + np.tanh(inner))
-    return x  # CONV
-
-
-@njit(cache=True, error_model="numpy")
-def f32_binary(op, a, b):
-    if op == C_ADD:
-        return a + b
-    if op == C_SUB:
-        return a - b
-    if op == C_MUL:
-        return a * b
-    if op == C_DIV:
-        return a / b
-    if a != a or b != b:
-        return a + b  # NaN
-    if op == C_MAX:
-        return a if a >= b else b
-    return a if a <= b else b
-
-
-@njit(cache=True)
-def int_unary(op, x):
-    if op == C_NEG:
-        return wrap32(-x)
-    if op == C_ABS:
-        return wrap32(abs(x))
-    if op == C_RELU:
-        return x if x > 0 else 0
-    return x  # CONV
-
-
-@njit(cache=True)
-def int_binary(op, a, b):
-    if op == C_ADD:
-        return wrap32(a + b)
-    if op == C_SUB:
-        return wrap32(a - b)
-    if op == C_MUL:
-        return wrap32(a * b)
-    if op == C_DIV:
-        if b == 0:
-            return 0
-        q = abs(a) // abs(b)
-        return wrap32(q if (a < 0) == (b < 0) else -q)
-    if op == C_MAX:
-        return a if a >= b else b
-    return a if a <= b else b
-
-
-@njit(cache=True)
-def vxm_compute(op, a, adt, b, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, dst):
-    """One VXM instruction on operand byte planes a, b (b unused for unary ops and MASK)."""
-    binary = op >= C_ADD and op <= C_MIN
-    reads_a = not (binary and bimm == 2)
-    reads_b = binary and bimm != 1
-    fl = (is_float(odt) or (reads_a and is_float(adt)) or (reads_b and is_float(bdt))
-          or (op >= C_EXP and op <= C_GELU))
-    if fl:
-        u32[0] = imm & 0xFFFFFFFF
-        fimm = f32v[0]
-        if reads_a:
-            decode_f32(a, adt, lanes, f16tab, u32, f32v, fa)
-        if reads_b:
-            decode_f32(b, bdt, lanes, f16tab, u32, f32v, fb)
-        for l in range(lanes):
-            if op == C_MASK:
-                fa[l] = fa[l] if l < cut else fimm
-            elif binary:
-                fa[l] = f32_binary(op, fimm if bimm == 2 else fa[l], fimm if bimm == 1 else fb[l])
-            else:
-                fa[l] = f32_unary(op, fa[l])
-        encode_f32(fa, odt, nv, lanes, u32, f32v, dst)
-    else:
-        for l in range(lanes):
-            x = decode_int(a, adt, l) if reads_a else np.int64(imm)
-            if op == C_MASK:
-                ia[l] = x if l < cut else imm
-            elif binary:
-                ia[l] = int_binary(op, x, decode_int(b, bdt, l) if reads_b else np.int64(imm))
-            else:
-                ia[l] = int_unary(op, x)
-        encode_int(ia, odt, nv, lanes, dst)
 
 
 # ---- MXM ---------------------------------------------------------------------------------------
@@ -297,19 +48,6 @@ def install(buf, dt, trans, lanes, f16tab, w):
                 w[c, r] = v
             else:
                 w[r, c] = v
-
-
-@njit(cache=True)
-def i8_to_f16_bits(v):
-    """The f16 bit pattern of a small integer (exact: |v| <= 128 < 2^11)."""
-    if v == 0:
-        return 0
-    sign = 0x8000 if v < 0 else 0
-    m = -v if v < 0 else v
-    e = 0
-    while (m >> (e + 1)) != 0:
-        e += 1
-    return sign | ((e + 15) << 10) | (((m - (1 << e)) << (10 - e)) & 0x3FF)
 
 
 @njit(cache=True)

@@ -3,7 +3,7 @@ cycle count, and every hazard kind with its cycle, queue and DSL line."""
 import numpy as np
 import pytest
 
-from emulator import core
+from emulator import arith
 from emulator.run import HazardError, run, schedule
 from isa import opcodes as O
 from isa.errors import LpuError
@@ -424,7 +424,7 @@ def encode(vals, dt):
     n = len(vals)
     u32 = np.zeros(n, np.uint32)
     dst = np.zeros((4, n), np.uint8)
-    core.encode_f32(np.asarray(vals, np.float32), dt, n, n, u32, u32.view(np.float32), dst)
+    arith.encode_f32(np.asarray(vals, np.float32), dt, n, n, u32, u32.view(np.float32), dst)
     return dst
 
 
@@ -436,7 +436,7 @@ def test_f32_to_f16_rounding_matches_numpy():
         rnd = RNG.integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
         vals = np.concatenate([every.astype(np.float32), mids, rnd, rnd * np.float32(1e-30), rnd * np.float32(1e-34)])
         want = vals.astype(np.float16)
-    got = encode(vals, core.D_F16)[:2].T.copy().view(np.float16)[:, 0]
+    got = encode(vals, arith.D_F16)[:2].T.copy().view(np.float16)[:, 0]
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(got), nan)
     assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
@@ -444,10 +444,10 @@ def test_f32_to_f16_rounding_matches_numpy():
 
 def test_float_to_int_rounds_to_even_and_saturates():
     vals = np.concatenate([np.arange(-300, 300, 0.25, dtype=np.float32), [np.nan, np.inf, -np.inf, 3e9, -3e9]])
-    got8 = encode(vals, core.D_I8)[0].view(np.int8)
+    got8 = encode(vals, arith.D_I8)[0].view(np.int8)
     want8 = np.clip(np.rint(np.nan_to_num(vals, nan=0, posinf=1e9, neginf=-1e9)), -128, 127)
     np.testing.assert_array_equal(got8, want8)
-    got32 = encode(vals, core.D_I32).T.copy().view(np.int32)[:, 0]
+    got32 = encode(vals, arith.D_I32).T.copy().view(np.int32)[:, 0]
     want32 = np.clip(np.rint(np.nan_to_num(vals.astype(np.float64), nan=0, posinf=3e9, neginf=-3e9)),
                      -2 ** 31, 2 ** 31 - 1)
     np.testing.assert_array_equal(got32, want32)
