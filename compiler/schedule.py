@@ -117,12 +117,13 @@ class Scheduler:
         limit = T + 1_000_000
         inss = chain.ins
         pilots = [ins for ins in inss if len(ins.queues) == 1]
-        need: dict = {}
-        for d, koff, w in chain.groups:
-            need[(d, koff)] = need.get((d, koff), 0) + w
-        if need and max(need.values()) > self.nstreams:
-            raise AssertionError(f"scheduler: a chain of DSL line {chain.line} needs {max(need.values())} "
-                                 f"streams on one diagonal, the machine has {self.nstreams}")
+        if len(chain.groups) > 1:
+            need: dict = {}
+            for d, koff, w in chain.groups:
+                need[(d, koff)] = need.get((d, koff), 0) + w
+            if max(need.values()) > self.nstreams:
+                raise AssertionError(f"scheduler: a chain of DSL line {chain.line} needs {max(need.values())} "
+                                     f"streams on one diagonal, the machine has {self.nstreams}")
         while T < limit:
             # fast skip: advance until the single-queue instructions (a unit's only queue) are free
             moved = True
@@ -137,7 +138,7 @@ class Scheduler:
                         while eq * BIG + T + eoff in qbusy:
                             T += 1
                             moved = True
-            chosen = self._fit(inss, T, qbusy, bbusy)
+            chosen = self._fit(inss, T, qbusy, bbusy, gcount)
             if chosen.__class__ is Ins:        # skip to where the failing instruction fits alone
                 ins = chosen
                 T += 1
@@ -167,7 +168,7 @@ class Scheduler:
                              f"({[OPS[i.op].name for i in chain.ins]})")
 
     @staticmethod
-    def _fit(inss, T, qbusy, bbusy):
+    def _fit(inss, T, qbusy, bbusy, gcount):
         """The queue each instruction takes at anchor T; if a queue or bank is busy, the
         instruction that does not fit (or None when two of the chain's own collide)."""
         chosen = []
@@ -181,14 +182,17 @@ class Scheduler:
                 if -bk - 1 in taken:
                     return None
                 taken.add(-bk - 1)
-            for cand in ins.queues:
+            qs = ins.queues
+            if len(qs) > 1 and gcount.get(id(qs) * BIG + t, 0) >= len(qs):
+                return ins                     # every queue of its group is taken
+            for cand in qs:
                 key = cand * BIG + t
                 if key not in qbusy and key not in taken:
                     taken.add(key)
                     chosen.append(cand)
                     break
             else:
-                return ins if all(q * BIG + t in qbusy for q in ins.queues) else None
+                return ins if len(qs) == 1 or all(q * BIG + t in qbusy for q in qs) else None
 
             for eq, eoff in ins.extra:
                 key = eq * BIG + T + eoff
