@@ -46,7 +46,7 @@ def vectors(shape: tuple, lanes: int) -> int:
 
 
 def matmul_macs(graph: IRGraph, n: Node) -> int:
-    a, b = graph.node(n.inputs[0]), graph.node(n.inputs[1])
+    a = graph.node(n.inputs[0])
     k = a.shape[-1]
     return int(np.prod(n.shape, dtype=np.int64)) * k
 

@@ -155,9 +155,6 @@ class ChainBuilder:
             args[names.index("b")] = 0
         self.ins.append(Ins(c.vxm_q, off, op, args, tuple(patch)))
 
-    def vxm_out(self, off: int, op: int) -> int:
-        return off + self.c.lat[op]
-
     # ---- SXM -----------------------------------------------------------------------------------
     def sxm(self, op: int, h: int, off: int, inp, out, param: int):
         c = self.c

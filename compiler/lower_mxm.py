@@ -36,7 +36,7 @@ def _as_mxm_dtype(lw, n, nid, target):
 
 
 def lower_matmul(lw, n):
-    g, m, c = lw.g, lw.m, lw.ctx
+    g = lw.g
     a_id, b_id = n.inputs
     trans = lw.plan.kind[b_id] == "mxm_t"
     cvt = lw.plan.kind[b_id] == "mxm_cvt"

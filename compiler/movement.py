@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.alloc import grid_shape
 from compiler.chains import ChainBuilder
 from isa import opcodes as O
 from isa.errors import UnsupportedError

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 
 import numpy as np
 
@@ -205,12 +204,6 @@ def load_npz(path: str) -> dict:
             return {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise LpuError(f"{path}: a damaged .npz file ({e})") from None
-
-
-def timed(fn, *a, **k):
-    t = time.perf_counter()
-    out = fn(*a, **k)
-    return out, time.perf_counter() - t
 
 
 __all__ = ["compile", "run", "check", "inputs_for", "machine_of", "write_atomic", "compile_source"]

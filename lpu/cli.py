@@ -73,7 +73,7 @@ def cmd_compile(a):
     from isa.encoding import save
     from compiler.driver import CompileStats
     stats = CompileStats()
-    prog, graph = api.timed(api.compile, a.program, _params(a.params), a.machine, stats)[0]
+    prog, graph = api.compile(a.program, _params(a.params), a.machine, stats)
     if a.output:
         api.write_atomic(a.output, lambda tmp: save(prog, tmp))
     if a.emit == "asm":

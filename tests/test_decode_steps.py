@@ -22,7 +22,6 @@ def lpu(*argv):
 @pytest.fixture(scope="module")
 def stepped(tmp_path_factory):
     d = tmp_path_factory.mktemp("steps")
-    rng = np.random.default_rng(7)
     # weights and the prompt: let the prefill draw its weights from seed 0, save them with the run
     lpu("run", PREFILL, *SMALL, "-p", f"S={S}", "--seed", 0, "--save", d / "prefill.npz", "--check")
     from compiler.frontend import elaborate_file
