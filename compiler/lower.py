@@ -31,9 +31,7 @@ def _index_grid(grid, idx, shape, lanes):
     """Apply a slice/int index (on tensor axes) to a vector grid (leading axes, chunks)."""
     sel = []
     for ax, e in enumerate(idx):
-        if ax == len(shape) - 1:
-            if isinstance(e, int):
-                raise UnsupportedError("integer index on the last axis")
+        if ax == len(shape) - 1:        # whole chunks (the plan makes other last-axis slices copies)
             sel.append(slice(e[0] // lanes, -(-e[1] // lanes)))
         else:
             sel.append(e if isinstance(e, int) else slice(e[0], e[1]))

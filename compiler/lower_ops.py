@@ -20,9 +20,8 @@ import numpy as np
 from compiler import lower_mxm
 from compiler.chains import ChainBuilder
 from compiler.schedule import Ins
-from compiler.movement import assemble, source_map, transpose_last2
+from compiler.movement import assemble, source_map, transpose_any
 from isa import opcodes as O
-from isa.errors import UnsupportedError
 from isa.opcodes import DTYPE_CODE, dtype_width
 
 NP_DTYPE = {"i8": np.int8, "i32": np.int32, "f16": np.float16, "f32": np.float32, "bf16": np.float32}
@@ -221,22 +220,44 @@ def lower_store(lw, n):
     val = lw.g.node(n.inputs[1])
     home = lw.grid[n.inputs[0]]
     idx = n.attrs["index"]
-    sel = []
-    for ax, e in enumerate(idx):
-        start, stop = (e, e + 1) if isinstance(e, int) else e
-        if ax == len(state.shape) - 1:
-            if not (start % lw.lanes == 0 and (stop == state.shape[-1] or stop % lw.lanes == 0)):
-                raise UnsupportedError("a store into part of a chunk of the last axis")
-            sel.append(slice(start // lw.lanes, -(-stop // lw.lanes)))
-        else:
-            sel.append(slice(start, stop))
-    region = home[tuple(sel)] if len(state.shape) > 1 else home[:, sel[0]]
-    vgrid = lw.grid[n.inputs[1]] if lw.plan.kind[n.inputs[1]] != "imm" else None
-    if vgrid is None:
-        raise UnsupportedError("storing a scalar constant")
-    if vgrid.ndim != region.ndim:
-        vgrid = vgrid.reshape((1,) * (region.ndim - vgrid.ndim) + vgrid.shape)
-    copy(lw, val, vgrid, region, state.dtype, n)
+    shape = state.shape if state.shape else (1,)
+    nd = len(shape)
+    bounds = [(e, e + 1) if isinstance(e, int) else tuple(e) for e in idx] + [(0, d) for d in shape[len(idx):]]
+    start, stop = bounds[-1]
+    lead = tuple(slice(a, b) for a, b in bounds[:-1]) if nd > 1 else (slice(None),)
+    vgrid = lw.grid[n.inputs[1]]          # (the language stores tensors only, never a literal)
+    if start % lw.lanes == 0 and (stop == shape[-1] or stop % lw.lanes == 0):   # whole chunks
+        region = home[lead + (slice(start // lw.lanes, -(-stop // lw.lanes)),)]
+        if vgrid.ndim != region.ndim:
+            vgrid = vgrid.reshape((1,) * (region.ndim - vgrid.ndim) + vgrid.shape)
+        copy(lw, val, vgrid, region, state.dtype, n)
+        return
+    _store_lanes(lw, n, state, val, home[lead], bounds, vgrid)
+
+
+def _store_lanes(lw, n, state, val, rows_grid, bounds, vgrid):
+    """A store into part of a chunk: rebuild the touched rows from their old contents (copied
+    aside first) and the value (converted to the state's dtype), lane by lane."""
+    from compiler.movement import assemble
+    row_shape = tuple(b - a for a, b in bounds[:-1]) + (state.shape[-1],)
+    rshape = tuple(b - a for a, b in bounds)
+    start, stop = bounds[-1]
+    old, r1 = lw.temp(row_shape, state.dtype)
+    copy(lw, state, rows_grid.reshape(old.shape), old, state.dtype, n)
+    newv, r2 = lw.temp(rshape, state.dtype)
+    vg = vgrid.reshape((1,) * (newv.ndim - vgrid.ndim) + vgrid.shape) if vgrid.ndim != newv.ndim else vgrid
+    copy(lw, val, vg, newv, state.dtype, n)
+    flat_old = np.arange(int(np.prod(row_shape)), dtype=np.int64).reshape(row_shape)
+    col = np.arange(row_shape[-1])
+    inside = (col >= start) & (col < stop)
+    vidx = np.arange(int(np.prod(rshape)), dtype=np.int64).reshape(rshape)
+    src_in = np.where(inside, 1, 0) * np.ones(row_shape, np.int64)
+    src_flat = np.where(inside, np.take(vidx, np.clip(col - start, 0, stop - start - 1), axis=-1), flat_old)
+    assemble(lw, n, ([(old, row_shape, state.dtype), (newv, rshape, state.dtype)],
+                     src_in.reshape(-1), src_flat.reshape(-1)), dst=rows_grid.reshape(old.shape),
+             dtype=state.dtype, shape=row_shape)
+    lw.free_temp(r1)
+    lw.free_temp(r2)
 
 
 # ---- reductions ----------------------------------------------------------------------------
@@ -341,7 +362,7 @@ def lower_move(lw, n):
 
 
 def lower_transpose(lw, n):
-    transpose_last2(lw, n)
+    transpose_any(lw, n)
 
 
 def lower_rope(lw, n):

@@ -11,7 +11,6 @@ import numpy as np
 
 from compiler.chains import ChainBuilder
 from isa import opcodes as O
-from isa.errors import UnsupportedError
 from isa.opcodes import DTYPE_CODE, dtype_width
 
 
@@ -38,20 +37,24 @@ def source_map(lw, n):
     raise AssertionError(n.op)
 
 
-def assemble(lw, n, smap, dst=None, dtype=None):
-    """Build every vector of `dst` (default: the node's own grid) from the source map."""
+def assemble(lw, n, smap, dst=None, dtype=None, shape=None):
+    """Build every vector of `dst` (default: the node's own grid, of `shape`) from the source
+    map; its sources are node ids, or (grid, shape, dtype) of regions that are not nodes."""
     ids, src_in, src_flat = smap
     lanes = lw.lanes
     dst = lw.grid[n.id] if dst is None else dst
     dtype = n.dtype if dtype is None else dtype
-    shape = n.shape if n.shape else (1,)
+    shape = shape or (n.shape if n.shape else (1,))
     C = shape[-1]
     rows = dst.reshape(-1, dst.shape[-1])
     srcs = []
     for i in ids:
-        x = lw.g.node(i)
-        xs = x.shape if x.shape else (1,)
-        srcs.append((lw.grid[i].reshape(-1, lw.grid[i].shape[-1]), xs[-1], x.dtype))
+        if isinstance(i, tuple):
+            grid, xs, xdt = i
+        else:
+            x = lw.g.node(i)
+            grid, xs, xdt = lw.grid[i], (x.shape if x.shape else (1,)), x.dtype
+        srcs.append((grid.reshape(-1, grid.shape[-1]), xs[-1], xdt))
     add = O.VXM_BINARY["ADD"]
     for r in range(rows.shape[0]):
         for j in range(rows.shape[1]):
@@ -88,13 +91,22 @@ def _permute(lw, n, src, dst, dtype, table):
     sxm_chain(lw, n, O.PERMUTE, src, dst, dtype, table)
 
 
-def transpose_last2(lw, n):
-    nd = len(n.shape)
-    perm = list(n.attrs["perm"])
-    if perm != list(range(nd - 2)) + [nd - 1, nd - 2]:
-        raise UnsupportedError(f"transpose with permutation {perm} (only the last two axes, or axes that keep the last)")
+def transpose_any(lw, n):
+    """y = transpose(x, perm) when perm moves the last axis: a view that brings the axis a that
+    becomes last next to x's last axis, one pass through the SXM transpose buffers swapping
+    them, and a view onto y's own grid (the buffers write straight into y's vectors)."""
     x = lw.g.node(n.inputs[0])
-    transpose_grid(lw, n, lw.grid[x.id], x.shape, lw.grid[n.id], x.dtype)
+    nd = len(x.shape)
+    perm = list(n.attrs["perm"])
+    a = perm[-1]
+    r = [i for i in range(nd - 1) if i != a] + [nd - 1, a]           # x axes in x2's order
+    q1 = r[:-2] + [a, nd - 1]                                        # x1 = x.transpose(q1): a view
+    x1_shape = tuple(x.shape[i] for i in q1)
+    x1 = np.transpose(lw.grid[x.id], q1[:-1] + [nd - 1])
+    q2 = [r.index(i) for i in perm]                                  # y = x2.transpose(q2), q2[-1] last
+    inv = [q2.index(i) for i in range(nd)]
+    x2_view_of_y = np.transpose(lw.grid[n.id], inv[:-1] + [nd - 1])
+    transpose_grid(lw, n, x1, x1_shape, x2_view_of_y, x.dtype)
 
 
 def transpose_grid(lw, n, src, shape, dst, dtype):
@@ -151,9 +163,7 @@ def rope(lw, n):
     the sin table), the products and the sum on the VXM in f32."""
     from compiler.lower_ops import vxm_chain
     x = lw.g.node(n.inputs[0])
-    HD = x.shape[-1]
-    if HD % 2:
-        raise UnsupportedError("rope of an odd last dimension")
+    HD = x.shape[-1]                      # even: the front end checks it
     idx = np.arange(x.size, dtype=np.int64).reshape(x.shape)
     rotated = np.concatenate([idx[..., HD // 2:], idx[..., :HD // 2]], axis=-1).reshape(-1)
     rot, rr = lw.temp(x.shape, x.dtype)

@@ -197,3 +197,18 @@ def test_emulated_i8_weight_model_checks(tsp):
     res = run(prog, values)
     assert res.cycles == prog.predicted_cycles
     assert api.check(graph, prog, values, res)["ok"]
+
+
+@pytest.mark.parametrize("expr", ["transpose(x, [2, 0, 1])", "transpose(x, [1, 2, 0])", "transpose(x, [2, 1, 0])",
+                                  "x[:, :, 3]", "x[1, 2, 30]"])
+def test_any_transpose_and_last_axis_index_on_tiny(tiny, expr):
+    prog, res, chk = compile_run_check(f"input x : f32[3, 5, 37]\noutput y = {expr}\n", tiny)
+    assert chk["ok"], chk
+
+
+@pytest.mark.parametrize("store", ["c[1:3, 5:12] <- x", "c[2, 3:40] <- f32(z)", "c[1:2, 17:18] <- x[0:1, 0:1]"])
+def test_store_into_part_of_a_chunk(tiny, store):
+    src = (f"input x : f16[2, 7]\ninput z : f32[37]\nstate c : f16[6, 40]\n{store}\n"
+           "output y = c[0:4, :] * 2.0\n")
+    prog, res, chk = compile_run_check(src, tiny)
+    assert chk["ok"], chk              # the final state is compared too
