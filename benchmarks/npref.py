@@ -13,6 +13,7 @@ import numpy as np
 
 from compiler import semantics as S
 from compiler.ir import BINARY, REDUCE, UNARY, IRGraph, Node
+from compiler.reference import MOVES, move
 
 F32 = np.float32
 INT_RANGE = {"i8": (-128.0, 127.0), "i32": (-2.0**31, 2.0**31 - 1)}
@@ -42,16 +43,8 @@ def _eval(n: Node, xs: list[np.ndarray]) -> np.ndarray:
         return _cast(xs[0], n.dtype)
     if op == "matmul":
         return xs[0] @ xs[1]
-    if op == "transpose":
-        return np.transpose(xs[0], a["perm"])
-    if op == "reshape":
-        return xs[0].reshape(a["shape"])
-    if op == "slice":
-        return xs[0][tuple(i if isinstance(i, int) else slice(*i) for i in a["index"])]
-    if op == "concat":
-        return np.concatenate(xs, axis=a["axis"])
-    if op == "causal":
-        return S.causal(xs[0], a["offset"])
+    if op in MOVES:
+        return move(n, xs)
     if op == "rope":
         return S.rope(xs[0], a["pos"], a["theta"], "f32")
     if op == "store":

@@ -88,15 +88,15 @@ class SlotAllocator:
     def largest_free(self) -> int:
         return max((length for _, length in self.free), default=0)
 
-    # ---- slot geometry -----------------------------------------------------------------------
     def where(self, slots: np.ndarray):
         """(slice, bank, address) arrays of plane slots."""
-        row = slots // self.slices
-        return slots % self.slices, row % self.m.banks_per_slice, row // self.m.banks_per_slice
+        return slot_place(slots, self.slices, self.m.banks_per_slice)
 
-    def bank_id(self, slot: int) -> int:
-        row = slot // self.slices
-        return (slot % self.slices) * self.m.banks_per_slice + row % self.m.banks_per_slice
+
+def slot_place(slot, slices: int, banks: int):
+    """(slice, bank, address) of a plane slot (an int, or an array of them)."""
+    row = slot // slices
+    return slot % slices, row % banks, row // banks
 
 
 def grid_shape(shape: tuple, lanes: int) -> tuple:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiler.alloc import slot_place
 from compiler.schedule import Chain, Ins
 from isa import opcodes as O
 from isa.machine import EAST, MXM_ACC, MXM_CTL, MXM_LW, WEST
@@ -110,12 +111,10 @@ class ChainBuilder:
         gi = self._group(d, _koff(d, arrive, dest), w)
         for b in range(w):
             g = base + b
-            s = g % c.nslices
-            row = g // c.nslices
-            pos = c.slice_pos[s]
-            off = arrive - abs(dest - pos) - c.lat[O.READ]
-            self.ins.append(Ins(c.mem_q[s], off, O.READ, [row % c.banks, row // c.banks, 0],
-                                ((2, gi, b, 0),), s * c.banks + row % c.banks, reads=(g,)))
+            s, bank, addr = slot_place(g, c.nslices, c.banks)
+            off = arrive - abs(dest - c.slice_pos[s]) - c.lat[O.READ]
+            self.ins.append(Ins(c.mem_q[s], off, O.READ, [bank, addr, 0],
+                                ((2, gi, b, 0),), s * c.banks + bank, reads=(g,)))
         return gi
 
     def write(self, base: int, w: int, src: int, produce: int) -> int:
@@ -126,11 +125,10 @@ class ChainBuilder:
         gi = self._group(d, _koff(d, produce, src), w)
         for b in range(w):
             g = base + b
-            s = g % c.nslices
-            row = g // c.nslices
+            s, bank, addr = slot_place(g, c.nslices, c.banks)
             off = produce + abs(c.slice_pos[s] - src)
-            self.ins.append(Ins(c.mem_q[s], off, O.WRITE, [row % c.banks, row // c.banks, 0],
-                                ((2, gi, b, 0),), s * c.banks + row % c.banks, writes=(g,)))
+            self.ins.append(Ins(c.mem_q[s], off, O.WRITE, [bank, addr, 0],
+                                ((2, gi, b, 0),), s * c.banks + bank, writes=(g,)))
         return gi
 
     # ---- VXM -----------------------------------------------------------------------------------

@@ -26,6 +26,23 @@ def _region(index) -> tuple:
     return tuple(slice(a, b) for a, b in index)
 
 
+MOVES = frozenset({"transpose", "reshape", "slice", "concat", "causal"})
+
+
+def move(n: Node, xs: list[np.ndarray]) -> np.ndarray:
+    """The ops that only move (or mask) values: the same in every numeric model."""
+    op, a = n.op, n.attrs
+    if op == "transpose":
+        return np.transpose(xs[0], a["perm"])
+    if op == "reshape":
+        return xs[0].reshape(a["shape"])
+    if op == "slice":
+        return xs[0][tuple(i if isinstance(i, int) else slice(*i) for i in a["index"])]
+    if op == "concat":
+        return np.concatenate(xs, axis=a["axis"])
+    return S.causal(xs[0], a["offset"])
+
+
 def _eval(n: Node, xs: list[np.ndarray], k_tile: int) -> np.ndarray:
     op, a = n.op, n.attrs
     if op == "const":
@@ -40,16 +57,8 @@ def _eval(n: Node, xs: list[np.ndarray], k_tile: int) -> np.ndarray:
         return S.convert(xs[0], n.dtype)
     if op == "matmul":
         return S.matmul(xs[0], xs[1], n.dtype, k_tile)
-    if op == "transpose":
-        return np.transpose(xs[0], a["perm"])
-    if op == "reshape":
-        return xs[0].reshape(a["shape"])
-    if op == "slice":
-        return xs[0][tuple(i if isinstance(i, int) else slice(*i) for i in a["index"])]
-    if op == "concat":
-        return np.concatenate(xs, axis=a["axis"])
-    if op == "causal":
-        return S.causal(xs[0], a["offset"])
+    if op in MOVES:
+        return move(n, xs)
     if op == "rope":
         return S.rope(xs[0], a["pos"], a["theta"], n.dtype)
     if op == "store":

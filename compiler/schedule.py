@@ -79,7 +79,6 @@ class Scheduler:
         self.gcount: dict[int, int] = {}    # id(queue group) * BIG + cycle -> queues of it in use
         self.out = Placed()
         self.last_cycle = -1                # max over placed instructions of issue + latency
-        self.n_chains = 0
 
     # ---- the earliest anchor allowed by data and unit-state order ------------------------------
     def _earliest(self, chain: Chain, floor: int) -> int:
@@ -265,7 +264,6 @@ class Scheduler:
             if end > last:
                 last = end
         self.last_cycle = last
-        self.n_chains += 1
 
     def predicted_cycles(self) -> int:
         if self.last_cycle < 0:

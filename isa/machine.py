@@ -200,9 +200,6 @@ class MachineConfig:
     def sxm_pos(self, hemi: int) -> int:
         return 1 if hemi == 0 else self.n_positions - 2
 
-    def sec_per_cycle(self) -> float:
-        return 1e-6 / self.clock_mhz
-
     # ---- queues ------------------------------------------------------------------------
     @cached_property
     def queues(self) -> tuple:
