@@ -29,8 +29,8 @@ import math
 
 import numpy as np
 
-from compiler.ir import BINARY, ITEMSIZE, LEAVES, REDUCE, UNARY, IRGraph, Node
-from isa.machine import MachineConfig
+from lpu.compiler.ir import BINARY, ITEMSIZE, LEAVES, REDUCE, UNARY, IRGraph, Node
+from lpu.isa.machine import MachineConfig
 
 TRANSCENDENTAL = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "div"})
 VXM_OPS = BINARY | UNARY | REDUCE | {"causal", "rope"}

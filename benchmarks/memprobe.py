@@ -10,8 +10,8 @@ import time
 
 
 def main(argv: list[str]) -> int:
-    from emulator.run import run
-    from isa.encoding import load_binary
+    from lpu.emulator.run import run
+    from lpu.isa.encoding import load_binary
     from lpu.api import graph_of_binary, inputs_for
     prog = load_binary(argv[0], None)
     values = inputs_for(graph_of_binary(prog, json.loads(argv[1]) if len(argv) > 1 else None), prog, 0)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler import semantics as S
-from compiler.ir import BINARY, REDUCE, UNARY, IRGraph, Node
-from compiler.reference import MOVES, move
+from lpu.compiler import semantics as S
+from lpu.compiler.ir import BINARY, REDUCE, UNARY, IRGraph, Node
+from lpu.compiler.reference import MOVES, move
 
 F32 = np.float32
 INT_RANGE = {"i8": (-128.0, 127.0), "i32": (-2.0**31, 2.0**31 - 1)}

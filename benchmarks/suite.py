@@ -18,9 +18,9 @@ import numpy as np
 
 from benchmarks import bounds as B
 from benchmarks import npref
-from compiler.driver import CompileStats, compile_source
-from emulator.run import run
-from isa.machine import MachineConfig
+from lpu.compiler.driver import CompileStats, compile_source
+from lpu.emulator.run import run
+from lpu.isa.machine import MachineConfig
 from lpu.api import inputs_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -243,7 +243,7 @@ def _child_env() -> dict:
 
 
 def memory(b: Bench) -> list:
-    from isa.encoding import save
+    from lpu.isa.encoding import save
     sec = "memory"
     out = []
     name, params = ("bert_base", {"L": 1}) if b.quick else ("bert_base", {})
@@ -283,7 +283,7 @@ def memory(b: Bench) -> list:
 
 # ---- 5. tracing cost --------------------------------------------------------------------------
 def tracing(b: Bench) -> list:
-    from emulator import trace as T
+    from lpu.emulator import trace as T
     sec = "tracing"
     name, params = "gpt2_small_decode", {"L": 2}
     try:

@@ -20,7 +20,7 @@ import bisect
 
 import numpy as np
 
-from isa.errors import CapacityError
+from lpu.isa.errors import CapacityError
 
 ALIGN = 4
 

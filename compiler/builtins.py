@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler import semantics as S
+from lpu.compiler import semantics as S
 
 REQUIRED = object()
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.alloc import slot_place
-from compiler.schedule import Chain, Ins
-from isa import opcodes as O
-from isa.machine import EAST, MXM_ACC, MXM_CTL, MXM_LW, WEST
+from lpu.compiler.alloc import slot_place
+from lpu.compiler.schedule import Chain, Ins
+from lpu.isa import opcodes as O
+from lpu.isa.machine import EAST, MXM_ACC, MXM_CTL, MXM_LW, WEST
 
 
 class Ctx:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from isa import opcodes as O
-from isa.opcodes import NARGS
-from isa.program import Program
+from lpu.isa import opcodes as O
+from lpu.isa.opcodes import NARGS
+from lpu.isa.program import Program
 
 
 def codegen(machine, placed, symbols, tables, nodes, predicted, source_name="", source_lines=()):

@@ -7,12 +7,12 @@ import gc
 import time
 from dataclasses import dataclass, field
 
-from compiler.codegen import codegen
-from compiler.ir import IRGraph
-from compiler.lower import lower
-from compiler.schedule import Scheduler
-from isa.machine import MachineConfig
-from isa.program import Program
+from lpu.compiler.codegen import codegen
+from lpu.compiler.ir import IRGraph
+from lpu.compiler.lower import lower
+from lpu.compiler.schedule import Scheduler
+from lpu.isa.machine import MachineConfig
+from lpu.isa.program import Program
 
 
 @dataclass
@@ -60,7 +60,7 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
 
 def compile_source(text: str, name: str = "<string>", params=None, machine: MachineConfig | None = None,
                    stats: CompileStats | None = None) -> tuple[Program, IRGraph]:
-    from compiler.frontend import elaborate_source
+    from lpu.compiler.frontend import elaborate_source
     machine = machine or MachineConfig.load("tsp-v1")
     t0 = time.perf_counter()
     graph = elaborate_source(text, name, params or {})

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compiler import ast as A
-from compiler import builtins as B
-from compiler.builtins import Tensor, describe, fmt
-from compiler.errors import SourceError, SourceText, did_you_mean
-from compiler.ir import IRGraph
-from compiler.parse import parse
-from compiler.semantics import DTYPES
+from lpu.compiler import ast as A
+from lpu.compiler import builtins as B
+from lpu.compiler.builtins import Tensor, describe, fmt
+from lpu.compiler.errors import SourceError, SourceText, did_you_mean
+from lpu.compiler.ir import IRGraph
+from lpu.compiler.parse import parse
+from lpu.compiler.semantics import DTYPES
 
 PRELUDE_PATH = Path(__file__).parent / "prelude.lpu"
 TOP_ONLY = (A.Param, A.Decl, A.FnDef, A.Output)

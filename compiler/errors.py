@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from isa.errors import LpuError
+from lpu.isa.errors import LpuError
 
 
 @dataclass(frozen=True)

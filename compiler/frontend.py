@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compiler.elaborate import elaborate
-from compiler.errors import SourceError, SourceText
-from compiler.ir import IRGraph
-from compiler.parse import parse
+from lpu.compiler.elaborate import elaborate
+from lpu.compiler.errors import SourceError, SourceText
+from lpu.compiler.ir import IRGraph
+from lpu.compiler.parse import parse
 
 
 def elaborate_source(text: str, name: str = "<string>", params: dict[str, int] | None = None) -> IRGraph:

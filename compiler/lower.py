@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler import lower_ops as L
-from compiler.alloc import SlotAllocator, grid_shape, layout
-from compiler.chains import Ctx
-from compiler.ir import IRGraph
-from compiler.plan import make_plan
-from isa.errors import CapacityError, UnsupportedError
-from isa.opcodes import dtype_width
-from isa.program import Symbol
+from lpu.compiler import lower_ops as L
+from lpu.compiler.alloc import SlotAllocator, grid_shape, layout
+from lpu.compiler.chains import Ctx
+from lpu.compiler.ir import IRGraph
+from lpu.compiler.plan import make_plan
+from lpu.isa.errors import CapacityError, UnsupportedError
+from lpu.isa.opcodes import dtype_width
+from lpu.isa.program import Symbol
 
 
 class Lowered:

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.chains import ChainBuilder
-from isa import opcodes as O
-from isa.opcodes import DTYPE_CODE, dtype_width
+from lpu.compiler.chains import ChainBuilder
+from lpu.isa import opcodes as O
+from lpu.isa.opcodes import DTYPE_CODE, dtype_width
 
 
 def _as_mxm_dtype(lw, n, nid, target):
     """Grid of operand nid in `target` dtype (converting into a temporary if needed)."""
-    from compiler.lower_ops import copy
+    from lpu.compiler.lower_ops import copy
     src = lw.g.node(nid)
     grid = lw.grid[nid]
     if src.dtype == target:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler import lower_mxm
-from compiler.chains import ChainBuilder
-from compiler.schedule import Ins
-from compiler.movement import assemble, source_map, transpose_any
-from isa import opcodes as O
-from isa.opcodes import DTYPE_CODE, dtype_width
+from lpu.compiler import lower_mxm
+from lpu.compiler.chains import ChainBuilder
+from lpu.compiler.schedule import Ins
+from lpu.compiler.movement import assemble, source_map, transpose_any
+from lpu.isa import opcodes as O
+from lpu.isa.opcodes import DTYPE_CODE, dtype_width
 
 NP_DTYPE = {"i8": np.int8, "i32": np.int32, "f16": np.float16, "f32": np.float32, "bf16": np.float32}
 FLOATS = ("f16", "f32", "bf16")
@@ -238,7 +238,7 @@ def lower_store(lw, n):
 def _store_lanes(lw, n, state, val, rows_grid, bounds, vgrid):
     """A store into part of a chunk: rebuild the touched rows from their old contents (copied
     aside first) and the value (converted to the state's dtype), lane by lane."""
-    from compiler.movement import assemble
+    from lpu.compiler.movement import assemble
     row_shape = tuple(b - a for a, b in bounds[:-1]) + (state.shape[-1],)
     rshape = tuple(b - a for a, b in bounds)
     start, stop = bounds[-1]
@@ -366,7 +366,7 @@ def lower_transpose(lw, n):
 
 
 def lower_rope(lw, n):
-    from compiler.movement import rope
+    from lpu.compiler.movement import rope
     rope(lw, n)
 
 

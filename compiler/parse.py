@@ -8,8 +8,8 @@ from pathlib import Path
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
-from compiler import ast as A
-from compiler.errors import SourceError, SourceText
+from lpu.compiler import ast as A
+from lpu.compiler.errors import SourceError, SourceText
 
 OPEN = {"LPAR": ")", "LSQB": "]", "LBRACE": "}"}
 CLOSE = {"RPAR": "LPAR", "RSQB": "LSQB", "RBRACE": "LBRACE"}

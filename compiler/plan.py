@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir import IRGraph
+from lpu.compiler.ir import IRGraph
 
 
 @dataclass

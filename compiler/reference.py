@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler import semantics as S
-from compiler.ir import BINARY, REDUCE, UNARY, IRGraph, Node
-from isa.errors import LpuError
+from lpu.compiler import semantics as S
+from lpu.compiler.ir import BINARY, REDUCE, UNARY, IRGraph, Node
+from lpu.isa.errors import LpuError
 
 
 def _check_values(graph: IRGraph, values: dict) -> dict[int, np.ndarray]:

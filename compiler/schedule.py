@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from isa.opcodes import OPS, latency_table
+from lpu.isa.opcodes import OPS, latency_table
 
 BIG = 1 << 32
 

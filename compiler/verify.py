@@ -40,9 +40,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from isa import opcodes as O
-from isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM
-from isa.program import Program
+from lpu.isa import opcodes as O
+from lpu.isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM
+from lpu.isa.program import Program
 
 KINDS = ("structure", "operand", "queue", "unit-busy", "bank-conflict", "two-writers", "stream-empty",
          "stream-unread", "sram-live", "mxm-order", "output", "cycles")
@@ -388,7 +388,7 @@ class Checker:
         return next((i + 1 for i, t in enumerate(self.p.source_lines) if pat.match(t)), 0)
 
     def mxm(self, e):
-        from compiler.verify_units import check_mxm, check_transposes
+        from lpu.compiler.verify_units import check_mxm, check_transposes
         check_mxm(self, e)
         check_transposes(self, e)
 

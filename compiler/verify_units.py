@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from isa import opcodes as O
+from lpu.isa import opcodes as O
 
 BIG = 1 << 40
 WIDTH = np.array(O.DTYPE_WIDTH, np.int64)

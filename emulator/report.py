@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from emulator.trace import Records, activity, capacity, tracks
-from isa import opcodes as O
-from isa.errors import LpuError
+from lpu.emulator.trace import Records, activity, capacity, tracks
+from lpu.isa import opcodes as O
+from lpu.isa.errors import LpuError
 
 BOUND_AT = 0.5   # a unit busy at least this share of its capacity bounds the run
 LINE_RULE = ("each cycle goes to the DSL line with the most instructions in flight in it (issue to result "
@@ -201,7 +201,7 @@ def plot(r: Records, path: str, buckets: int = 400) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise LpuError("--plot needs matplotlib: pip install 'lpu[plot]' (or pip install matplotlib)") from None
+        raise LpuError("--plot needs matplotlib: pip install -e '.[plot]' in a checkout, or pip install matplotlib") from None
     act, cap = activity(r), capacity(r.program.machine)
     step = max(1, -(-r.cycles // buckets))
     keys = ("mxm", "vxm", "mem", "sxm", "streams")

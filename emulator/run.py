@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulator import core
-from isa import opcodes as O
-from isa.errors import LpuError
-from isa.machine import UNIT_ICU, UNIT_MXM, UNIT_NAMES
-from isa.program import Program, Symbol, vector_grid
+from lpu.emulator import core
+from lpu.isa import opcodes as O
+from lpu.isa.errors import LpuError
+from lpu.isa.machine import UNIT_ICU, UNIT_MXM, UNIT_NAMES
+from lpu.isa.program import Program, Symbol, vector_grid
 
 if tuple(core.DTYPE_NAMES) != tuple(O.DTYPES):
     raise ImportError("emulator.core dtype codes differ from isa.opcodes.DTYPES")

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulator.run import Trace
-from isa import opcodes as O
-from isa.errors import LpuError
-from isa.machine import MXM_ACC, MXM_CTL, MXM_LW, UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
-from isa.program import Program
+from lpu.emulator.run import Trace
+from lpu.isa import opcodes as O
+from lpu.isa.errors import LpuError
+from lpu.isa.machine import MXM_ACC, MXM_CTL, MXM_LW, UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
+from lpu.isa.program import Program
 
 MEM_GROUP = 8            # MEM slices per track
 MAX_EVENTS = 200_000     # instruction events kept in a Chrome trace

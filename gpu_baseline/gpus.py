@@ -10,7 +10,7 @@ import os
 import tomllib
 from dataclasses import dataclass, fields
 
-from isa.errors import ConfigError
+from lpu.isa.errors import ConfigError
 
 GPUS_DIR = os.path.join(os.path.dirname(__file__), "gpus")
 

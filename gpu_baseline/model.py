@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from compiler.ir import BINARY, LEAVES, REDUCE, UNARY, IRGraph
-from gpu_baseline.gpus import GpuConfig
+from lpu.compiler.ir import BINARY, LEAVES, REDUCE, UNARY, IRGraph
+from lpu.gpu_baseline.gpus import GpuConfig
 
 ELEMENTWISE = BINARY | UNARY | {"cast", "causal", "rope"}
 VIEWS = frozenset({"reshape", "transpose", "slice", "output"})

@@ -11,10 +11,10 @@ import statistics
 import sys
 import tomllib
 
-from gpu_baseline import workloads
-from gpu_baseline.gpus import load_gpu
-from gpu_baseline.model import cost_graph
-from isa.errors import ConfigError
+from lpu.gpu_baseline import workloads
+from lpu.gpu_baseline.gpus import load_gpu
+from lpu.gpu_baseline.model import cost_graph
+from lpu.isa.errors import ConfigError
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "validation.toml")
 CASE_FIELDS = ("id", "workload", "metric", "measured", "unit", "source", "model", "gpu", "dtype",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.ir import IRGraph
+from lpu.compiler.ir import IRGraph
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,11 @@ import re
 
 import numpy as np
 
-from isa.encoding import check_instructions
-from isa.errors import AsmError, ConfigError
-from isa.machine import EAST, MachineConfig
-from isa.opcodes import BY_NAME, DTYPES, FLOAT_DTYPES, NARGS, OPS, make_ref, split_ref
-from isa.program import Program, Symbol
+from lpu.isa.encoding import check_instructions
+from lpu.isa.errors import AsmError, ConfigError
+from lpu.isa.machine import EAST, MachineConfig
+from lpu.isa.opcodes import BY_NAME, DTYPES, FLOAT_DTYPES, NARGS, OPS, make_ref, split_ref
+from lpu.isa.program import Program, Symbol
 
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[^\s"]+')
 _WORD = re.compile(r"[A-Za-z_][\w.\-/]*")

@@ -37,10 +37,10 @@ import zlib
 
 import numpy as np
 
-from isa.errors import BinaryError, ConfigError
-from isa.machine import UNIT_ICU, UNIT_NAMES, MachineConfig
-from isa.opcodes import DTYPE_WIDTH, DTYPES, NARGS, OPS, TABLE_HASH
-from isa.program import Program, Symbol, config_hash
+from lpu.isa.errors import BinaryError, ConfigError
+from lpu.isa.machine import UNIT_ICU, UNIT_NAMES, MachineConfig
+from lpu.isa.opcodes import DTYPE_WIDTH, DTYPES, NARGS, OPS, TABLE_HASH
+from lpu.isa.program import Program, Symbol, config_hash
 
 MAGIC = b"\x89LPUBIN\n"
 FORMAT_VERSION = 2

@@ -23,7 +23,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 
-from isa.errors import ConfigError
+from lpu.isa.errors import ConfigError
 
 MACHINES_DIR = os.path.join(os.path.dirname(__file__), "machines")
 

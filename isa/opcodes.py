@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
+from lpu.isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
 
 NARGS = 6
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from isa.machine import MachineConfig
-from isa.opcodes import NARGS, dtype_width
+from lpu.isa.machine import MachineConfig
+from lpu.isa.opcodes import NARGS, dtype_width
 
 
 def vector_grid(shape: tuple, lanes: int) -> tuple[int, int, int]:

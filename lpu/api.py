@@ -11,11 +11,11 @@ import tempfile
 
 import numpy as np
 
-from compiler.driver import CompileStats, compile_file, compile_source
-from compiler.ir import IRGraph
-from isa.errors import LpuError
-from isa.machine import MachineConfig
-from isa.program import Program
+from lpu.compiler.driver import CompileStats, compile_file, compile_source
+from lpu.compiler.ir import IRGraph
+from lpu.isa.errors import LpuError
+from lpu.isa.machine import MachineConfig
+from lpu.isa.program import Program
 
 
 def machine_of(name_or_path: str | MachineConfig | None) -> MachineConfig:
@@ -29,7 +29,7 @@ def compile(path: str, params: dict | None = None, machine=None, stats: CompileS
     """Compile a .lpu file (or load a .lpubin, whose graph is rebuilt from its embedded source)."""
     m = machine_of(machine)
     if path.endswith(".lpubin") or _starts_with_magic(path):
-        from isa.encoding import load_binary
+        from lpu.isa.encoding import load_binary
         prog = load_binary(path, m if machine is not None else None)
         return prog, graph_of_binary(prog, params)
     if not os.path.exists(path):
@@ -45,7 +45,7 @@ def compile(path: str, params: dict | None = None, machine=None, stats: CompileS
 
 
 def _starts_with_magic(path: str) -> bool:
-    from isa.encoding import MAGIC
+    from lpu.isa.encoding import MAGIC
     try:
         with open(path, "rb") as f:
             return f.read(len(MAGIC)) == MAGIC
@@ -58,7 +58,7 @@ def graph_of_binary(prog: Program, params=None) -> IRGraph | None:
     it declares the binary's tensors (a binary compiled with other -p values does not)."""
     if not prog.source_lines:
         return None
-    from compiler.frontend import elaborate_source
+    from lpu.compiler.frontend import elaborate_source
     try:
         graph = elaborate_source("\n".join(prog.source_lines) + "\n", prog.source_name, params or {})
     except LpuError:
@@ -76,12 +76,12 @@ def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict 
     declared = {s.name: s for s in prog.symbols if s.kind in ("input", "weight", "state")}
     unknown = sorted(set(given) - set(declared))
     if unknown:
-        from compiler.errors import did_you_mean
+        from lpu.compiler.errors import did_you_mean
         hint = did_you_mean(unknown[0], declared)
         raise LpuError(f"{source} has {', '.join(repr(u) for u in unknown)}, which the program does not declare "
                        f"(it declares {', '.join(sorted(declared)) or 'nothing'})" + (f"; {hint}" if hint else ""))
     if graph is not None:
-        from compiler.reference import random_values
+        from lpu.compiler.reference import random_values
         values = random_values(graph, seed)
     else:
         rng = np.random.default_rng(seed)
@@ -117,14 +117,14 @@ def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict 
 
 
 def run(prog: Program, values: dict, trace: bool = False):
-    from emulator.run import run as emulate
+    from lpu.emulator.run import run as emulate
     return emulate(prog, values, trace=trace)
 
 
 def check(graph: IRGraph, prog: Program, values: dict, result) -> dict:
     """Compare the emulator's outputs and final states with the numpy reference."""
-    from compiler.reference import run_reference
-    from compiler.semantics import TOLERANCE
+    from lpu.compiler.reference import run_reference
+    from lpu.compiler.semantics import TOLERANCE
     outs, states = run_reference(graph, values, k_tile=prog.machine.lanes)
     ok, max_abs, max_rel, worst = True, 0.0, 0.0, ""
     for kind, ref, got in (("output", outs, result.outputs), ("state", states, result.states)):

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from isa.errors import LpuError
+from lpu.isa.errors import LpuError
 
 
 def _params(items) -> dict:
@@ -70,14 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_compile(a):
     from lpu import api
-    from isa.encoding import save
-    from compiler.driver import CompileStats
+    from lpu.isa.encoding import save
+    from lpu.compiler.driver import CompileStats
     stats = CompileStats()
     prog, graph = api.compile(a.program, _params(a.params), a.machine, stats)
     if a.output:
         api.write_atomic(a.output, lambda tmp: save(prog, tmp))
     if a.emit == "asm":
-        from isa.asm import disassemble
+        from lpu.isa.asm import disassemble
         print(disassemble(prog), end="")
     elif a.emit == "ir":
         for n in graph.nodes():
@@ -110,8 +110,8 @@ def _compile_info(prog, graph, stats) -> dict:
 
 
 def _print_schedule(prog):
-    from emulator.run import schedule
-    from isa.opcodes import OPS
+    from lpu.emulator.run import schedule
+    from lpu.isa.opcodes import OPS
     s = schedule(prog)
     for i in range(len(s.cycle)):
         q = prog.machine.queues[int(s.queue[i])][0]
@@ -174,8 +174,8 @@ def _savez(path, arrays):
 
 
 def cmd_disasm(a):
-    from isa.asm import disassemble
-    from isa.encoding import load_binary
+    from lpu.isa.asm import disassemble
+    from lpu.isa.encoding import load_binary
     text = disassemble(load_binary(a.binary))
     if a.output:
         from lpu.api import write_atomic
@@ -186,8 +186,8 @@ def cmd_disasm(a):
 
 
 def cmd_asm(a):
-    from isa.asm import assemble
-    from isa.encoding import save
+    from lpu.isa.asm import assemble
+    from lpu.isa.encoding import save
     from lpu.api import write_atomic
     try:
         with open(a.source) as f:
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
             raise
         if getattr(a, "json", False):
             print(json.dumps({"error": e.message, **e.info}))
-        from compiler.errors import SourceError  # already says `file:line:col: error:`
+        from lpu.compiler.errors import SourceError  # already says `file:line:col: error:`
         print(e.message if isinstance(e, SourceError) else f"error: {e.message}", file=sys.stderr)
         return 2
     except BrokenPipeError:        # `lpu ... | head`: the reader left; not an error

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from isa.errors import LpuError
+from lpu.isa.errors import LpuError
 
 DEFAULT_WINDOW = 60
 
@@ -39,7 +39,7 @@ def _run_traced(path, params, machine, seed):
 
 
 def cmd_trace(a):
-    from emulator import trace as T
+    from lpu.emulator import trace as T
     from lpu.cli import _params
     kinds = _kinds(a.units)
     if a.source.endswith(".json"):
@@ -75,8 +75,8 @@ def after_run(args, prog, result, info):
         raise LpuError("--trace-cycles needs --trace FILE.json")
     if not (want_trace or want_report or want_plot):
         return
-    from emulator import report as R
-    from emulator import trace as T
+    from lpu.emulator import report as R
+    from lpu.emulator import trace as T
     from lpu.api import write_atomic
     r = T.records(prog, result.trace, result.cycles)
     if want_trace:

@@ -17,11 +17,11 @@ def add_parser(sub, common):
 
 
 def cmd_verify(a):
-    from compiler.verify import verify
+    from lpu.compiler.verify import verify
     from lpu.api import machine_of
     from lpu.cli import _params
     if a.program.endswith(".lpubin"):
-        from isa.encoding import load_binary
+        from lpu.isa.encoding import load_binary
         prog = load_binary(a.program, machine_of(a.machine) if a.machine else None)
     else:
         from lpu import api

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from isa.errors import CapacityError, LpuError
+from lpu.isa.errors import CapacityError, LpuError
 
 DEFAULT_SWEEP = {"S": [16, 32, 64, 128]}
 COMPUTE_OPS = ("matmul", "attention")
@@ -27,9 +27,9 @@ COMPUTE_OPS = ("matmul", "attention")
 # ---- LPU cycles per line ----------------------------------------------------------------------
 def _lpu_side(program, graph, emulate: bool, progress=None) -> dict:
     """LPU totals, cycles per line and the bottleneck, from the schedule or an emulated trace."""
-    from emulator import report as R
-    from emulator.run import Trace, schedule
-    from emulator.trace import records
+    from lpu.emulator import report as R
+    from lpu.emulator.run import Trace, schedule
+    from lpu.emulator.trace import records
     m = program.machine
     extra = {"source": "schedule"}
     if emulate:
@@ -55,8 +55,8 @@ def _lpu_side(program, graph, emulate: bool, progress=None) -> dict:
 # ---- the comparison -----------------------------------------------------------------------------
 def _line_ops(graph, gpu_cost) -> dict[int, str]:
     """A short op label per line: its GPU kernels' ops, else its IR compute ops."""
-    from compiler.ir import LEAVES
-    from gpu_baseline.model import VIEWS
+    from lpu.compiler.ir import LEAVES
+    from lpu.gpu_baseline.model import VIEWS
     out: dict[int, list] = {}
     for o in gpu_cost.ops:
         out.setdefault(o.line, []).append(o.op)
@@ -71,7 +71,7 @@ def _line_ops(graph, gpu_cost) -> dict[int, str]:
 def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = False,
                   capacity: CapacityError | None = None, machine_name: str | None = None, progress=None) -> dict:
     """The comparison as a JSON-ready dict. `program` None (with `capacity`): GPU side only."""
-    from gpu_baseline.model import BOUNDS, cost_graph, is_decode
+    from lpu.gpu_baseline.model import BOUNDS, cost_graph, is_decode
     cost = cost_graph(graph, gpu, launch)
     gpu_line = cost.by_line()
     bound_time: dict[int, dict] = {}
@@ -125,7 +125,7 @@ def compare(path: str, params: dict | None = None, machine=None, gpu="h100-sxm",
             emulate: bool = False, progress=None) -> dict:
     """Compile `path` (elaborate only, if it does not fit one chip) and compare; `progress(text)`
     hears about each stage."""
-    from gpu_baseline.gpus import GpuConfig, load_gpu
+    from lpu.gpu_baseline.gpus import GpuConfig, load_gpu
     from lpu import api
     gpu = gpu if isinstance(gpu, GpuConfig) else load_gpu(gpu)
     gpu.launch_us(launch)                                   # a bad launch mode fails before compiling
@@ -134,7 +134,7 @@ def compare(path: str, params: dict | None = None, machine=None, gpu="h100-sxm",
     try:
         program, graph = api.compile(path, params or {}, machine)
     except CapacityError as e:
-        from compiler.frontend import elaborate_file
+        from lpu.compiler.frontend import elaborate_file
         return compare_graph(None, elaborate_file(path, params or {}), gpu, launch, capacity=e,
                              machine_name=api.machine_of(machine).name)
     return compare_graph(program, graph, gpu, launch, emulate, progress=progress)
@@ -239,7 +239,7 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise LpuError("--plot needs matplotlib: pip install 'lpu[plot]' (or pip install matplotlib)") from None
+        raise LpuError("--plot needs matplotlib: pip install -e '.[plot]' in a checkout, or pip install matplotlib") from None
     return plt
 
 
@@ -305,7 +305,7 @@ def _stderr(text: str):
 
 
 def cmd_compare(a):
-    from gpu_baseline.gpus import load_gpu
+    from lpu.gpu_baseline.gpus import load_gpu
     from lpu.cli import _params
     params = _params(a.params)
     gpu = load_gpu(a.gpu)

@@ -15,9 +15,10 @@ import os
 import sys
 import textwrap
 
-from isa.errors import LpuError
+from lpu import programs as programs_pkg
+from lpu.isa.errors import LpuError
 
-PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs")
+PROGRAMS = os.path.dirname(os.path.abspath(programs_pkg.__file__))
 PHASES = (("prefill", "gpt2_block_prefill.lpu"), ("decode", "gpt2_block_decode.lpu"))
 
 
@@ -31,7 +32,7 @@ def _progress(text: str):
 
 def run_demo(gpu="h100-sxm", launch: str = "stream", progress=_progress) -> list[dict]:
     """One `compare(..., emulate=True)` result per phase; `gpu` is a name, a path or a GpuConfig."""
-    from gpu_baseline.gpus import GpuConfig, load_gpu
+    from lpu.gpu_baseline.gpus import GpuConfig, load_gpu
     from lpu.compare import compare
     gpu = gpu if isinstance(gpu, GpuConfig) else load_gpu(gpu)
     if progress:
@@ -107,7 +108,7 @@ def add_parser(sub, common):
 
 
 def cmd_demo(a):
-    from gpu_baseline.gpus import load_gpu
+    from lpu.gpu_baseline.gpus import load_gpu
     gpu = load_gpu(a.gpu)
     results = run_demo(gpu, a.launch)
     if a.json:

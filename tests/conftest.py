@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
-from isa.machine import MachineConfig
+from lpu.isa.machine import MachineConfig
 
 _RELAXED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile("ci", max_examples=12, deadline=None, suppress_health_check=_RELAXED,

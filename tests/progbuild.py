@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from isa import opcodes as O
-from isa.machine import EAST
-from isa.program import Program, Symbol, empty_columns, vector_grid
+from lpu.isa import opcodes as O
+from lpu.isa.machine import EAST
+from lpu.isa.program import Program, Symbol, empty_columns, vector_grid
 
 
 def ref(dtype: str, direction: int, stream: int) -> int:

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
-from compiler import semantics as S
-from isa.machine import MACHINES_DIR, MachineConfig
+from lpu.compiler import semantics as S
+from lpu.isa.machine import MACHINES_DIR, MachineConfig
 
 DIMS = (1, 2, 3, 5, 6, 7, 9, 11, 13, 17, 19, 20, 23)   # few multiples of 4, 8 or 16 lanes
 ROWS = (1, 2, 3, 4, 5)

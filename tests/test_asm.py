@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from isa.asm import assemble, disassemble
-from isa.encoding import encode
-from isa.errors import AsmError
-from isa.opcodes import BY_NAME, OPS, make_ref
-from isa.program import Program, empty_columns
+from lpu.isa.asm import assemble, disassemble
+from lpu.isa.encoding import encode
+from lpu.isa.errors import AsmError
+from lpu.isa.opcodes import BY_NAME, OPS, make_ref
+from lpu.isa.program import Program, empty_columns
 from test_encoding import TINY, TSP, every_opcode_program, programs
 
 

@@ -5,10 +5,10 @@ import os
 import numpy as np
 import pytest
 
-from compiler.driver import compile_source
-from emulator.run import HazardError, run
-from isa.machine import MachineConfig
-from isa.opcodes import BY_NAME, NOP
+from lpu.compiler.driver import compile_source
+from lpu.emulator.run import HazardError, run
+from lpu.isa.machine import MachineConfig
+from lpu.isa.opcodes import BY_NAME, NOP
 from lpu import api
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,7 +130,7 @@ def test_moved_instruction_is_reported_not_run(tsp, opname, delta):
 
 
 def test_compile_is_deterministic(tiny):
-    from isa.encoding import encode
+    from lpu.isa.encoding import encode
     src = open(os.path.join(PROGRAMS, "attention_decode.lpu")).read()
     a, _ = compile_source(src, "a.lpu", {}, tiny)
     b, _ = compile_source(src, "a.lpu", {}, tiny)
@@ -140,7 +140,7 @@ def test_compile_is_deterministic(tiny):
 def test_i8_weights_widened_by_the_mxm(tiny):
     src = "input x : f16[3, 40]\nweight w : i8[40, 21]\noutput y = f16(x @ f16(w))\n"
     prog, res, chk = compile_run_check(src, tiny)
-    from isa.opcodes import LW
+    from lpu.isa.opcodes import LW
     assert (prog.args[prog.op == LW, 2] == 1).all()      # widened on load, no f16 copy of w
     assert chk["ok"] and res.cycles == prog.predicted_cycles
 
@@ -177,7 +177,7 @@ def test_disasm_then_asm_gives_the_same_bytes(tmp_path):
 
 def test_emulated_gpt2_block_matches_independent_numpy(tsp):
     """The emulator against a GPT-2 block written directly in numpy (not the IR interpreter)."""
-    from compiler.semantics import TOLERANCE
+    from lpu.compiler.semantics import TOLERANCE
     from test_reference import gpt2_block_numpy
     params = {"S": 16, "D": 64, "H": 4, "C": 32}
     prog, graph = api.compile(os.path.join(PROGRAMS, "gpt2_block_prefill.lpu"), params, tsp)

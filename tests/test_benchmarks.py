@@ -16,10 +16,10 @@ import benchmarks.suite as S
 from benchmarks import bounds as B
 from benchmarks import npref
 from benchmarks.__main__ import main as bench_main
-from compiler.driver import compile_file, compile_source
-from compiler.frontend import elaborate_source
-from compiler.reference import random_values, run_reference
-from isa.machine import MachineConfig
+from lpu.compiler.driver import compile_file, compile_source
+from lpu.compiler.frontend import elaborate_source
+from lpu.compiler.reference import random_values, run_reference
+from lpu.isa.machine import MachineConfig
 
 PROGRAMS = S.PROGRAMS
 BOUND_KEYS = ("compute", "vxm", "sram", "stream", "critical_path")

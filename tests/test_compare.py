@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from gpu_baseline.gpus import load_gpu
+from lpu.gpu_baseline.gpus import load_gpu
 from lpu import compare as C
 from lpu.cli import main
 

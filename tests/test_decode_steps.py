@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from compiler.semantics import TOLERANCE
+from lpu.compiler.semantics import TOLERANCE
 from lpu.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,8 +24,8 @@ def stepped(tmp_path_factory):
     d = tmp_path_factory.mktemp("steps")
     # weights and the prompt: let the prefill draw its weights from seed 0, save them with the run
     lpu("run", PREFILL, *SMALL, "-p", f"S={S}", "--seed", 0, "--save", d / "prefill.npz", "--check")
-    from compiler.frontend import elaborate_file
-    from compiler.reference import random_values
+    from lpu.compiler.frontend import elaborate_file
+    from lpu.compiler.reference import random_values
     g = elaborate_file(PREFILL, {"D": 64, "H": 2, "C": 8, "S": S})
     values = random_values(g, 0)
     x = values.pop("x")

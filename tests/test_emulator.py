@@ -3,11 +3,11 @@ cycle count, and every hazard kind with its cycle, queue and DSL line."""
 import numpy as np
 import pytest
 
-from emulator import arith
-from emulator.run import HazardError, run, schedule
-from isa import opcodes as O
-from isa.errors import LpuError
-from isa.machine import EAST, WEST, MachineConfig
+from lpu.emulator import arith
+from lpu.emulator.run import HazardError, run, schedule
+from lpu.isa import opcodes as O
+from lpu.isa.errors import LpuError
+from lpu.isa.machine import EAST, WEST, MachineConfig
 from tests.progbuild import ProgBuilder, ref
 
 M = MachineConfig.load("tiny")

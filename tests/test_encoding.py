@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from isa.encoding import FORMAT_VERSION, decode, encode, load_binary, save
-from isa.errors import BinaryError
-from isa.machine import UNIT_ICU, MachineConfig
-from isa.opcodes import BY_NAME, DTYPE_WIDTH, DTYPES, NARGS, OPS, make_ref
-from isa.program import Program, Symbol, empty_columns
+from lpu.isa.encoding import FORMAT_VERSION, decode, encode, load_binary, save
+from lpu.isa.errors import BinaryError
+from lpu.isa.machine import UNIT_ICU, MachineConfig
+from lpu.isa.opcodes import BY_NAME, DTYPE_WIDTH, DTYPES, NARGS, OPS, make_ref
+from lpu.isa.program import Program, Symbol, empty_columns
 
 TINY = MachineConfig.load("tiny")
 TSP = MachineConfig.load("tsp-v1")
@@ -306,7 +306,7 @@ def test_damage_gives_a_program_or_a_binary_error(case):
 
 
 def test_binary_of_another_instruction_set_is_refused_by_name():
-    from isa.opcodes import TABLE_HASH
+    from lpu.isa.opcodes import TABLE_HASH
     data = encode(every_opcode_program())
     assert TABLE_HASH.encode() in data
     other = fix_header(data.replace(TABLE_HASH.encode(), b"0" * len(TABLE_HASH)))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from isa.encoding import FORMAT_VERSION, MAGIC
+from lpu.isa.encoding import FORMAT_VERSION, MAGIC
 from lpu.cli import main
 
 SMALL = ["-p", "S=4", "-p", "D=16", "-p", "F=16"]
@@ -238,7 +238,7 @@ def test_internal_error_exits_1_and_asks_for_a_report(tmp_path, monkeypatch, cap
 
 
 def test_user_error_with_debug_raises(tmp_path, monkeypatch):
-    from isa.errors import LpuError
+    from lpu.isa.errors import LpuError
     monkeypatch.chdir(tmp_path)
     with pytest.raises(LpuError, match="no such file"):
         main(["compile", "nope.lpu", "--debug"])
@@ -279,7 +279,7 @@ def _hazard_binary(binaries, tmp_path_factory):
 
 
 def test_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
-    import isa.encoding
+    import lpu.isa.encoding
     monkeypatch.chdir(tmp_path)
     (tmp_path / "p.lpu").write_text(HEAD + "output x\n")
     (tmp_path / "out.lpubin").write_bytes(OLD)
@@ -288,7 +288,7 @@ def test_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch, capsys)
         with open(path, "wb") as f:
             f.write(b"half a bin")
         raise KeyboardInterrupt
-    monkeypatch.setattr(isa.encoding, "save", interrupted_save)
+    monkeypatch.setattr(lpu.isa.encoding, "save", interrupted_save)
     before = _dir_state(tmp_path)
     code, _, err = _lpu(capsys, ["compile", "p.lpu", "--machine", "tiny", "-o", "out.lpubin"])
     assert code == 130 and "interrupted" in err

@@ -4,9 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiler import ast as A
-from compiler.frontend import elaborate_file, elaborate_source
-from compiler.parse import parse
+from lpu.compiler import ast as A
+from lpu.compiler.frontend import elaborate_file, elaborate_source
+from lpu.compiler.parse import parse
 
 PROGRAMS = sorted((Path(__file__).parent.parent / "programs").glob("*.lpu"))
 SRAM_BYTES = 220 * 2**20

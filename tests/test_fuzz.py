@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compiler.driver import compile_source
-from compiler.frontend import elaborate_source
-from gpu_baseline.gpus import GPUS_DIR, gpu_from_dict, load_gpu
-from isa.asm import assemble, disassemble
-from isa.encoding import FORMAT_VERSION, MAGIC, decode, encode
-from isa.errors import LpuError
-from isa.machine import MACHINES_DIR, MachineConfig
+from lpu.compiler.driver import compile_source
+from lpu.compiler.frontend import elaborate_source
+from lpu.gpu_baseline.gpus import GPUS_DIR, gpu_from_dict, load_gpu
+from lpu.isa.asm import assemble, disassemble
+from lpu.isa.encoding import FORMAT_VERSION, MAGIC, decode, encode
+from lpu.isa.errors import LpuError
+from lpu.isa.machine import MACHINES_DIR, MachineConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = {os.path.basename(p): open(p).read() for p in sorted(glob.glob(os.path.join(ROOT, "programs", "*.lpu")))}

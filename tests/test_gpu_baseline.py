@@ -5,11 +5,11 @@ import os
 
 import pytest
 
-from gpu_baseline import workloads
-from gpu_baseline.gpus import gpu_from_dict, known_gpus, load_gpu
-from gpu_baseline.model import cost_graph, is_decode, summarize
-from gpu_baseline.validate import format_table, median_abs_error, validation_table
-from isa.errors import ConfigError, LpuError
+from lpu.gpu_baseline import workloads
+from lpu.gpu_baseline.gpus import gpu_from_dict, known_gpus, load_gpu
+from lpu.gpu_baseline.model import cost_graph, is_decode, summarize
+from lpu.gpu_baseline.validate import format_table, median_abs_error, validation_table
+from lpu.isa.errors import ConfigError, LpuError
 
 A100 = load_gpu("a100-80gb")
 GPUS = ["a100-80gb", "h100-sxm", "h200"]

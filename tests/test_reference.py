@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from compiler import semantics as S
-from compiler.frontend import elaborate_file, elaborate_source
-from compiler.reference import random_values, run_reference
-from isa.errors import LpuError
+from lpu.compiler import semantics as S
+from lpu.compiler.frontend import elaborate_file, elaborate_source
+from lpu.compiler.reference import random_values, run_reference
+from lpu.isa.errors import LpuError
 
 PROGRAMS = Path(__file__).parent.parent / "programs"
 BIG = {"bert_base", "gpt2_small_decode", "gpt2_small_prefill"}

@@ -1,8 +1,8 @@
 """Every kind of source error, with its message, position and hint (table-driven)."""
 import pytest
 
-from compiler.errors import SourceError
-from compiler.frontend import elaborate_file, elaborate_source
+from lpu.compiler.errors import SourceError
+from lpu.compiler.frontend import elaborate_file, elaborate_source
 
 HEAD = "param D = 8\ninput x : f16[4, D]\nweight w : f16[D, D]\nstate kc : f16[16, D]\n"
 # HEAD is 4 lines: cases below start on line 5.
@@ -118,5 +118,5 @@ def test_missing_file():
 
 
 def test_source_error_is_an_lpu_error():
-    from isa.errors import LpuError
+    from lpu.isa.errors import LpuError
     assert issubclass(SourceError, LpuError)

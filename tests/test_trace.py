@@ -10,11 +10,11 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
-from emulator import report as R
-from emulator import trace as T
-from emulator.run import schedule
-from isa import opcodes as O
-from isa.errors import LpuError
+from lpu.emulator import report as R
+from lpu.emulator import trace as T
+from lpu.emulator.run import schedule
+from lpu.isa import opcodes as O
+from lpu.isa.errors import LpuError
 from lpu import api
 from lpu.cli import main
 from lpu.cmd_trace import after_run
@@ -71,7 +71,7 @@ def test_trace_records_agree_with_schedule(mlp):
 
 
 def test_tracks_cover_every_queue():
-    from isa.machine import MachineConfig
+    from lpu.isa.machine import MachineConfig
     for name in ("tsp-v1", "tiny"):
         m = MachineConfig.load(name)
         names, qt = T.tracks(m)

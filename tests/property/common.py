@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import assume, note
 
-from compiler.driver import compile_source
-from compiler.reference import random_values
-from compiler.verify import _Expanded
-from isa.errors import CapacityError, UnsupportedError
+from lpu.compiler.driver import compile_source
+from lpu.compiler.reference import random_values
+from lpu.compiler.verify import _Expanded
+from lpu.isa.errors import CapacityError, UnsupportedError
 
 
 def build(dsl, machine):

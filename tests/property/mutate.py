@@ -9,8 +9,8 @@ import dataclasses
 
 import numpy as np
 
-from isa import opcodes as O
-from isa.machine import UNIT_ICU
+from lpu.isa import opcodes as O
+from lpu.isa.machine import UNIT_ICU
 
 UNIT = np.array([s.unit for s in O.OPS])
 PRODUCERS = frozenset(s.code for s in O.OPS if s.unit != UNIT_ICU and any(n == "out" for n, _ in s.fields))

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import note, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from compiler.alloc import ALIGN, SlotAllocator
-from isa.errors import CapacityError
+from lpu.compiler.alloc import ALIGN, SlotAllocator
+from lpu.isa.errors import CapacityError
 from tests.strategies import tiny_dict
-from isa.machine import MachineConfig
+from lpu.isa.machine import MachineConfig
 
 
 def small_machine():

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, note, strategies as st
 
-from compiler.verify import verify
-from emulator.run import run
-from isa.asm import assemble, disassemble
-from isa.encoding import decode, encode
-from isa.machine import MachineConfig
+from lpu.compiler.verify import verify
+from lpu.emulator.run import run
+from lpu.isa.asm import assemble, disassemble
+from lpu.isa.encoding import decode, encode
+from lpu.isa.machine import MachineConfig
 from lpu.api import check
 from tests.property.common import build, values
 from tests.strategies import machines, programs

@@ -15,11 +15,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, note, strategies as st
 
-from compiler.driver import compile_source
-from compiler.verify import verify
-from emulator.run import HazardError, run
-from isa import opcodes as O
-from isa.machine import MachineConfig
+from lpu.compiler.driver import compile_source
+from lpu.compiler.verify import verify
+from lpu.emulator.run import HazardError, run
+from lpu.isa import opcodes as O
+from lpu.isa.machine import MachineConfig
 from tests.property import mutate as M
 from tests.property.common import build, issue_cycles, values
 from tests.strategies import programs

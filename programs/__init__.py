@@ -1,0 +1,1 @@
+"""The bundled example programs (`.lpu` files beside this module), installed as package data."""
