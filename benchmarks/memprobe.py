@@ -14,7 +14,7 @@ def main(argv: list[str]) -> int:
     from lpu.isa.encoding import load_binary
     from lpu.api import graph_of_binary, inputs_for
     prog = load_binary(argv[0], None)
-    values = inputs_for(graph_of_binary(prog, json.loads(argv[1]) if len(argv) > 1 else None), prog, 0)
+    values = inputs_for(graph_of_binary(prog), prog, 0)   # the binary records its params
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     res = run(prog, values)

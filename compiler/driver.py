@@ -66,7 +66,9 @@ def compile_source(text: str, name: str = "<string>", params=None, machine: Mach
     graph = elaborate_source(text, name, params or {})
     stats = stats if stats is not None else CompileStats()
     stats.pass_seconds["elaborate"] = time.perf_counter() - t0
-    return compile_graph(graph, machine, stats), graph
+    prog = compile_graph(graph, machine, stats)
+    prog.params = dict(graph.params)
+    return prog, graph
 
 
 def compile_file(path: str, params=None, machine: MachineConfig | None = None,

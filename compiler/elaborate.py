@@ -369,7 +369,9 @@ class Elaborator:
         elif e.func in B.BUILTINS:
             spec, handler = B.BUILTINS[e.func]
         else:
-            self.error(e, f"unknown function `{e.func}`", did_you_mean(e.func, [*self.fns, *B.BUILTINS]))
+            near = did_you_mean(e.func, [*self.fns, *B.BUILTINS])
+            self.error(e, f"unknown function `{e.func}`",
+                       (near + "; " if near else "") + "the builtins are listed in docs/language.md")
         args = self._bind(e, spec, scope)
         if e.func not in self.fns:
             return handler(self, args, e)

@@ -189,7 +189,7 @@ def capacity(m) -> dict:
 
 
 # ---- Chrome trace event JSON ----------------------------------------------------------------------
-def parse_window(text: str | None, cycles: int | None = None, what: str = "--trace-cycles") -> tuple | None:
+def parse_window(text: str | None, cycles: int | None = None, what: str = "--cycles") -> tuple | None:
     """'A:B' (either side may be empty) -> (A, B), or None for no text."""
     if text is None:
         return None
@@ -216,7 +216,7 @@ def chrome_trace(r: Records, window=None, max_events: int = MAX_EVENTS) -> tuple
         notes.append(f"trace: cycles {lo}:{hi} only ({len(sel):,} of {len(r):,} instructions)")
     if len(sel) > max_events:
         notes.append(f"trace: {len(sel):,} instructions in cycles {lo}:{hi}; kept the first {max_events:,} "
-                     f"(through cycle {int(r.cycle[sel[max_events - 1]])}); choose a window with --trace-cycles A:B")
+                     f"(through cycle {int(r.cycle[sel[max_events - 1]])}); choose a window with --cycles A:B")
         sel = sel[:max_events]
     us = 1.0 / m.clock_mhz
     pid = 1

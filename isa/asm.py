@@ -6,6 +6,7 @@
                                                 it, `.machine NAME` loads isa/machines/NAME.toml)
     .cycles 1234                                predicted cycles
     .source "programs/mlp.lpu"
+    .param S 32                                 a param as compiled (one line each, sorted by name)
     .srcline 1 x = input f16[4, 64]             source lines, numbered from 1 (JSON-quoted when the
                                                 text would not survive verbatim)
     .symbol x input f16 [4,64] slices=8x2:0,1,0,1,... banks=8x2:0*16 addrs=8x2:0..15
@@ -109,6 +110,7 @@ def disassemble(program: Program) -> str:
            ".config " + json.dumps(m.to_dict(), sort_keys=True),
            f".cycles {int(p.predicted_cycles)}",
            f".source {json.dumps(p.source_name)}"]
+    out += [f".param {_word(k)} {int(p.params[k])}" for k in sorted(p.params)]
     out += [f".srcline {i}{_source_text(s)}" for i, s in enumerate(p.source_lines, 1)]
     for s in p.symbols:
         shape = "[" + ",".join(str(int(d)) for d in s.shape) + "]"
@@ -279,7 +281,7 @@ class _Assembler:
         self.n = 0         # the text line being read
         self.machine_line = 1   # where .machine / .config is
         self.queue = None
-        self.cycles, self.source, self.srclines = 0, "", []
+        self.cycles, self.source, self.srclines, self.params = 0, "", [], {}
         self.symbols, self.tables, self.nodes = [], [], []
         self.rows = []     # (text line, queue, op, args, line, node)
 
@@ -319,7 +321,7 @@ class _Assembler:
             if t.startswith(";"):
                 break
             toks.append(_unquote(t))
-        arity = {".machine": 1, ".cycles": 1, ".source": 1, ".symbol": 7, ".const": 4, ".table": 2, ".node": 3}
+        arity = {".machine": 1, ".cycles": 1, ".source": 1, ".param": 2, ".symbol": 7, ".const": 4, ".table": 2, ".node": 3}
         if word not in arity:
             raise _LineError(f"unknown directive '{word}'{_hint(word, list(arity) + ['.srcline', '.config'])}")
         if len(toks) != arity[word]:
@@ -332,6 +334,10 @@ class _Assembler:
             self.cycles = _int(toks[0], ".cycles")
         elif word == ".source":
             self.source = toks[0]
+        elif word == ".param":
+            if not toks[0].isidentifier() or toks[0] in self.params:
+                raise _LineError(f".param {toks[0]}: not a name, or given twice")
+            self.params[toks[0]] = _int(toks[1], ".param")
         elif word == ".symbol":
             self.symbol(toks)
         elif word == ".const":
@@ -432,4 +438,4 @@ def assemble(text: str, name: str = "<asm>") -> Program:
     queue, op, args, line, node = (c.astype(np.int32) for c in cols)
     tables = np.array(a.tables, np.int32).reshape(len(a.tables), a.machine.lanes)
     return Program(a.machine, queue, op, args, line, node, symbols=a.symbols, tables=tables, nodes=a.nodes,
-                   predicted_cycles=a.cycles, source_name=a.source, source_lines=a.srclines)
+                   predicted_cycles=a.cycles, source_name=a.source, source_lines=a.srclines, params=a.params)

@@ -16,7 +16,9 @@ Layout (all integers little-endian):
         CNST    count, then per constant: symbol index, numpy dtype (str), shape, raw bytes
         TABL    the permutation tables (int array)
         NODE    count, then per IR node: op name (str), line
-        META    predicted cycles, source name, count, source lines
+        META    predicted cycles, source name, count, source lines, source hash (str: sha256
+                hex of the lines joined by newlines), count, then per param (sorted by name):
+                name (str), value (signed varint): the params the program was compiled with
     checksum    u32      CRC-32 of everything before it
 
     str         varint byte length, UTF-8 bytes
@@ -40,10 +42,10 @@ import numpy as np
 from lpu.isa.errors import BinaryError, ConfigError
 from lpu.isa.machine import UNIT_ICU, UNIT_NAMES, MachineConfig
 from lpu.isa.opcodes import DTYPE_WIDTH, DTYPES, NARGS, OPS, TABLE_HASH
-from lpu.isa.program import Program, Symbol, config_hash
+from lpu.isa.program import Program, Symbol, config_hash, source_hash
 
 MAGIC = b"\x89LPUBIN\n"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 SECTIONS = (b"HEAD", b"INST", b"SYMS", b"CNST", b"TABL", b"NODE", b"META")
 _PREAMBLE = len(MAGIC) + 2 + 4
 
@@ -245,6 +247,11 @@ def _encode_meta(p: Program, w: _Writer):
     w.uvar(len(p.source_lines))
     for s in p.source_lines:
         w.str(s)
+    w.str(p.source_hash())
+    w.uvar(len(p.params))
+    for name in sorted(p.params):
+        w.str(name)
+        w.svar(int(p.params[name]))
 
 
 def _encode_head(p: Program, w: _Writer):
@@ -432,7 +439,14 @@ def _read_nodes(r: _Reader):
 
 def _read_meta(r: _Reader):
     cycles, name = r.svar(), r.str()
-    return cycles, name, [r.str() for _ in range(r.uvar(r.end))]
+    lines = [r.str() for _ in range(r.uvar(r.end))]
+    if r.str() != source_hash(lines):
+        r.fail("the embedded source does not match its recorded hash")
+    params = {}
+    for _ in range(r.uvar(r.end)):
+        key = r.str()
+        params[key] = r.svar()
+    return cycles, name, lines, params
 
 
 def _check_preamble(data: bytes) -> int:
@@ -509,11 +523,12 @@ def _decode_sections(data: bytes, end: int, machine) -> Program:
     bad = check_instructions(machine, queue, op, args, line, node, len(nodes))
     if bad:
         raise BinaryError(f"corrupt .lpubin: instruction {bad[0]}: {bad[1]}")
-    cycles, source_name, source_lines = parts[b"META"]
+    cycles, source_name, source_lines, params = parts[b"META"]
     return Program(machine, queue.astype(np.int32), op.astype(np.int32), args.astype(np.int32),
                    line.astype(np.int32), node.astype(np.int32),
                    symbols=parts[b"SYMS"], tables=parts[b"TABL"], nodes=nodes,
-                   predicted_cycles=cycles, source_name=source_name, source_lines=source_lines)
+                   predicted_cycles=cycles, source_name=source_name, source_lines=source_lines,
+                   params=params)
 
 
 # ---- files -------------------------------------------------------------------------------------

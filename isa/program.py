@@ -69,6 +69,7 @@ class Program:
     predicted_cycles: int = 0
     source_name: str = ""
     source_lines: list = field(default_factory=list)
+    params: dict = field(default_factory=dict)   # the program's params as compiled (defaults and -p)
 
     def __post_init__(self):
         if self.tables is None:
@@ -100,7 +101,16 @@ class Program:
                         for a in ("queue", "op", "args", "line", "node", "tables"))
                 and [tuple(n) for n in self.nodes] == [tuple(n) for n in other.nodes]
                 and self.predicted_cycles == other.predicted_cycles
-                and self.source_name == other.source_name and list(self.source_lines) == list(other.source_lines))
+                and self.source_name == other.source_name and list(self.source_lines) == list(other.source_lines)
+                and dict(self.params) == dict(other.params))
+
+    def source_hash(self) -> str:
+        """sha256 of the embedded source text (its lines joined by newlines), as hex."""
+        return source_hash(self.source_lines)
+
+
+def source_hash(lines) -> str:
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def config_hash(machine: MachineConfig) -> str:

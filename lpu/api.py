@@ -25,17 +25,21 @@ def machine_of(name_or_path: str | MachineConfig | None) -> MachineConfig:
 
 
 def compile(path: str, params: dict | None = None, machine=None, stats: CompileStats | None = None
-            ) -> tuple[Program, IRGraph]:
-    """Compile a .lpu file (or load a .lpubin, whose graph is rebuilt from its embedded source)."""
+            ) -> tuple[Program, IRGraph | None]:
+    """Compile a .lpu file, or load a .lpubin (whose graph is rebuilt from its embedded source
+    with the params it was compiled with; `params` given for a binary must agree with those)."""
     m = machine_of(machine)
     if path.endswith(".lpubin") or _starts_with_magic(path):
         from lpu.isa.encoding import load_binary
         prog = load_binary(path, m if machine is not None else None)
-        return prog, graph_of_binary(prog, params)
+        check_binary_params(prog, params or {}, path)
+        return prog, graph_of_binary(prog)
     if not os.path.exists(path):
         raise LpuError(f"{path}: no such file")
     if os.path.isdir(path):
         raise LpuError(f"{path}: is a directory, not a .lpu program")
+    if path.endswith((".s", ".asm")):
+        raise LpuError(f"{path}: looks like assembly text; turn it into a binary first: lpu asm {path} -o PROG.lpubin")
     try:
         return compile_file(path, params or {}, m, stats)
     except UnicodeDecodeError as e:
@@ -53,14 +57,29 @@ def _starts_with_magic(path: str) -> bool:
         return False
 
 
-def graph_of_binary(prog: Program, params=None) -> IRGraph | None:
-    """The IR graph of a binary's embedded source (for --check and random inputs), if any and if
-    it declares the binary's tensors (a binary compiled with other -p values does not)."""
+def check_binary_params(prog: Program, given: dict, path: str) -> None:
+    """A binary remembers its params: `-p` values given with it must be the ones it was built with."""
+    if not given:
+        return
+    unknown = sorted(k for k in given if k not in prog.params)
+    if unknown:
+        known = ", ".join(f"{k}={v}" for k, v in sorted(prog.params.items())) or "none recorded"
+        raise LpuError(f"{path}: -p {unknown[0]}: the binary has no param {unknown[0]} (it was compiled with {known})")
+    differ = [f"{k}={v} (compiled with {k}={prog.params[k]})" for k, v in sorted(given.items()) if prog.params[k] != v]
+    if differ:
+        raise LpuError(f"{path}: -p {', '.join(differ)}: a binary is fixed to its params; recompile the "
+                       f"program with the new values (lpu compile {prog.source_name or 'PROG.lpu'} -p ...)")
+
+
+def graph_of_binary(prog: Program) -> IRGraph | None:
+    """The IR graph of a binary's embedded source, elaborated with the params it was compiled
+    with (for --check and random inputs), if it carries its source and the source declares the
+    binary's tensors."""
     if not prog.source_lines:
         return None
     from lpu.compiler.frontend import elaborate_source
     try:
-        graph = elaborate_source("\n".join(prog.source_lines) + "\n", prog.source_name, params or {})
+        graph = elaborate_source("\n".join(prog.source_lines) + "\n", prog.source_name, dict(prog.params))
     except LpuError:
         return None
     declared = {s.name: (s.dtype, tuple(s.shape)) for s in prog.symbols if s.kind in ("input", "weight", "state")}

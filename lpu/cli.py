@@ -11,60 +11,53 @@ import time
 
 import numpy as np
 
+from lpu import cmd_trace, cmd_verify, compare, demo
+from lpu.args import Progress, add_common, add_window, parse_params
 from lpu.isa.errors import LpuError
 
-
-def _params(items) -> dict:
-    out = {}
-    for it in items or []:
-        if "=" not in it:
-            raise LpuError(f"-p expects NAME=INT, got '{it}'")
-        k, v = it.split("=", 1)
-        try:
-            out[k.strip()] = int(v)
-        except ValueError:
-            raise LpuError(f"-p {k}: '{v}' is not an integer") from None
-    return out
+COMMANDS = (cmd_trace, cmd_verify, compare, demo)   # subcommands with a module of their own
 
 
-def _common(p, compiles=True):
-    if compiles:
-        p.add_argument("-p", dest="params", action="append", metavar="NAME=INT", help="override a param")
-        p.add_argument("--machine", default=None, help="machine name (tsp-v1, tiny) or a .toml file")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+    try:
+        return dist_version("lpu")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lpu", description="Cycle-level LPU (Tensor Streaming Processor) emulator, "
                                  "compiler and GPU comparison")
+    ap.add_argument("--version", action="version", version=f"lpu {version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("compile", help="compile a .lpu program to a .lpubin binary")
-    p.add_argument("program")
-    p.add_argument("-o", dest="output", help="write the binary here")
+    p.add_argument("program", help="PROG.lpu")
+    p.add_argument("-o", dest="output", metavar="PROG.lpubin", help="write the binary here")
     p.add_argument("--emit", choices=["ir", "asm", "schedule"], help="print the IR, assembly or schedule")
-    _common(p)
+    add_common(p)
     p = sub.add_parser("run", help="compile (or load) and emulate a program cycle by cycle")
     p.add_argument("program", help="PROG.lpu or PROG.lpubin")
-    p.add_argument("--inputs", help=".npz of inputs/weights/states by declared name")
+    p.add_argument("--inputs", metavar="IN.npz", help=".npz of inputs/weights/states by declared name")
     p.add_argument("--seed", type=int, default=0, help="seed for values not given (default 0)")
-    p.add_argument("--save", help="write outputs and final states to this .npz")
+    p.add_argument("--save", metavar="OUT.npz", help="write outputs and final states to this .npz")
     p.add_argument("--check", action="store_true", help="compare with the numpy reference")
-    p.add_argument("--trace", help="write a Perfetto/Chrome trace JSON here")
-    p.add_argument("--trace-cycles", help="A:B window of cycles for --trace")
+    p.add_argument("--trace", metavar="TRACE.json", help="write a Perfetto/Chrome trace JSON here")
+    add_window(p, "for --trace (default: the whole run, up to the event bound)")
+    p.add_argument("--trace-cycles", dest="cycles", help=argparse.SUPPRESS)   # the old name of --cycles
     p.add_argument("--report", action="store_true", help="print utilization and bottleneck report")
-    p.add_argument("--plot", help="draw utilization over time to this PNG (needs matplotlib)")
-    _common(p)
+    p.add_argument("--plot", metavar="OUT.png", help="draw utilization over time to this PNG (needs matplotlib)")
+    add_common(p)
     p = sub.add_parser("disasm", help="print a .lpubin as assembly text")
-    p.add_argument("binary")
-    p.add_argument("-o", dest="output", help="write the text here")
-    _common(p, compiles=False)
-    p = sub.add_parser("asm", help="assemble text into a .lpubin")
-    p.add_argument("source")
-    p.add_argument("-o", dest="output", required=True)
-    _common(p, compiles=False)
-    from lpu import cli_more
-    cli_more.add_parsers(sub, _common)
+    p.add_argument("binary", help="PROG.lpubin")
+    p.add_argument("-o", dest="output", metavar="PROG.s", help="write the text here instead of stdout")
+    add_common(p, compiles=False)
+    p = sub.add_parser("asm", help="assemble text (as `lpu disasm` prints it) into a .lpubin")
+    p.add_argument("source", help="PROG.s")
+    p.add_argument("-o", dest="output", required=True, metavar="PROG.lpubin", help="write the binary here")
+    add_common(p, compiles=False)
+    for m in COMMANDS:
+        m.add_parser(sub, add_common)
     return ap
 
 
@@ -73,7 +66,8 @@ def cmd_compile(a):
     from lpu.isa.encoding import save
     from lpu.compiler.driver import CompileStats
     stats = CompileStats()
-    prog, graph = api.compile(a.program, _params(a.params), a.machine, stats)
+    with Progress.for_args(a).stage(f"compiling {a.program}"):
+        prog, graph = api.compile(a.program, parse_params(a.params), a.machine, stats)
     if a.output:
         api.write_atomic(a.output, lambda tmp: save(prog, tmp))
     if a.emit == "asm":
@@ -90,7 +84,7 @@ def cmd_compile(a):
     if a.json:
         print(json.dumps(info))
     elif not a.emit:
-        print(f"{a.program}: {info['instructions']:,} instructions, {info['predicted_cycles']:,} cycles "
+        print(f"{a.program}: {info['instructions']:,} instructions in the binary, {info['predicted_cycles']:,} cycles "
               f"({info['time_us']:.2f} us at {prog.machine.clock_mhz} MHz), {info['sram_bytes']:,} bytes of SRAM"
               + (f", written to {a.output}" if a.output else ""))
     return 0
@@ -123,21 +117,26 @@ def cmd_run(a):
     from lpu import api
     if a.seed < 0:
         raise LpuError(f"--seed must be a non-negative integer, got {a.seed}")
-    params = _params(a.params)
-    prog, graph = api.compile(a.program, params, a.machine)
+    progress = Progress.for_args(a)
+    t0 = time.perf_counter()
+    with progress.stage(f"compiling {a.program}"):
+        prog, graph = api.compile(a.program, parse_params(a.params), a.machine)
+    compile_s = time.perf_counter() - t0
     given = api.load_npz(a.inputs) if a.inputs else {}
     values = api.inputs_for(graph, prog, a.seed, given, f"--inputs {a.inputs}")
     t0 = time.perf_counter()
-    result = api.run(prog, values, trace=bool(a.trace or a.report or a.plot))
+    with progress.stage(f"emulating {prog.predicted_cycles:,} cycles"):
+        result = api.run(prog, values, trace=bool(a.trace or a.report or a.plot))
     wall = time.perf_counter() - t0
     info = {"program": prog.source_name or a.program, "machine": prog.machine.name, "cycles": int(result.cycles),
             "predicted_cycles": int(prog.predicted_cycles), "time_us": result.cycles / prog.machine.clock_mhz,
-            "instructions": int(result.instructions), "wall_s": round(wall, 4),
+            "instructions": int(result.instructions), "instructions_compiled": prog.n_instructions,
+            "wall_s": round(wall, 4), "compile_s": round(compile_s, 4), "params": dict(prog.params),
             "utilization": {k: round(float(v), 4) for k, v in result.utilization.items()}}
     if a.check:
         if graph is None and prog.source_lines:
-            raise LpuError(f"{a.program}: --check rebuilds the reference from the binary's source, which with these "
-                           f"params declares other tensors than the binary; pass the -p NAME=INT it was compiled with")
+            raise LpuError(f"{a.program}: --check rebuilds the reference from the binary's source, which with the "
+                           f"recorded params does not declare the binary's tensors (a binary assembled by hand?)")
         if graph is None:
             raise LpuError(f"{a.program}: --check needs the program's source, which this binary does not carry")
         info["check"] = api.check(graph, prog, values, result)
@@ -145,13 +144,13 @@ def cmd_run(a):
         arrays = {**{k: np.asarray(v) for k, v in result.outputs.items()},
                   **{k: np.asarray(v) for k, v in result.states.items()}}
         api.write_atomic(a.save, lambda tmp: _savez(tmp, arrays))
-    from lpu import cli_more
-    cli_more.after_run(a, prog, result, info)
+    cmd_trace.after_run(a, prog, result, info)
     if a.json:
         print(json.dumps(info))
     else:
         print(f"{info['program']} on {info['machine']}: {info['cycles']:,} cycles ({info['time_us']:.2f} us), "
-              f"predicted {info['predicted_cycles']:,}; {info['instructions']:,} instructions in {wall:.2f} s")
+              f"predicted {info['predicted_cycles']:,}; {info['instructions']:,} instructions executed "
+              f"({info['instructions_compiled']:,} in the binary) in {wall:.2f} s")
         u = info["utilization"]
         print("utilization: " + ", ".join(f"{k} {v:.1%}" for k, v in u.items()))
         if "check" in info:
@@ -176,11 +175,23 @@ def _savez(path, arrays):
 def cmd_disasm(a):
     from lpu.isa.asm import disassemble
     from lpu.isa.encoding import load_binary
-    text = disassemble(load_binary(a.binary))
+    prog = load_binary(a.binary)
+    text = disassemble(prog)
     if a.output:
         from lpu.api import write_atomic
         write_atomic(a.output, lambda tmp: open(tmp, "w").write(text))
-    else:
+    if a.json:
+        info = {"binary": a.binary, "program": prog.source_name, "machine": prog.machine.name,
+                "params": dict(prog.params), "instructions": prog.n_instructions,
+                "predicted_cycles": int(prog.predicted_cycles), "source_sha256": prog.source_hash(),
+                "symbols": [{"name": s.name, "kind": s.kind, "dtype": s.dtype, "shape": [int(d) for d in s.shape]}
+                            for s in prog.symbols if s.kind != "const"]}
+        if a.output:
+            info["output"] = a.output
+        else:
+            info["text"] = text
+        print(json.dumps(info))
+    elif not a.output:
         sys.stdout.write(text)
     return 0
 
@@ -224,8 +235,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = build_parser()
     a = ap.parse_args(argv)
-    from lpu import cli_more
-    handlers = {"compile": cmd_compile, "run": cmd_run, "disasm": cmd_disasm, "asm": cmd_asm, **cli_more.HANDLERS}
+    handlers = {"compile": cmd_compile, "run": cmd_run, "disasm": cmd_disasm, "asm": cmd_asm}
+    for m in COMMANDS:
+        handlers.update(m.HANDLERS)
     try:
         _check_outputs(a)
         return handlers[a.cmd](a) or 0

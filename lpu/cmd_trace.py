@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from lpu.args import add_window, parse_params
 from lpu.isa.errors import LpuError
 
 DEFAULT_WINDOW = 60
@@ -15,7 +16,7 @@ def add_parser(sub, common):
                        description="Rows are functional units, columns cycles. Reads a program (compiles or "
                                    "loads and runs it) or a trace written by `lpu run --trace`.")
     p.add_argument("source", help="PROG.lpu, PROG.lpubin or TRACE.json")
-    p.add_argument("--cycles", help=f"A:B window of cycles (default 0:{DEFAULT_WINDOW})")
+    add_window(p, f"to draw (default 0:{DEFAULT_WINDOW})")
     p.add_argument("--units", help="comma-separated unit kinds to show: mxm,vxm,sxm,mem (default: all active)")
     p.add_argument("--seed", type=int, default=0, help="seed for the input values (default 0)")
     common(p)
@@ -40,7 +41,6 @@ def _run_traced(path, params, machine, seed):
 
 def cmd_trace(a):
     from lpu.emulator import trace as T
-    from lpu.cli import _params
     kinds = _kinds(a.units)
     if a.source.endswith(".json"):
         try:
@@ -53,7 +53,7 @@ def cmd_trace(a):
         cells = T.cells_of_trace(doc, a.source)
         title = f"{doc.get('otherData', {}).get('program', a.source)} (from {a.source})"
     else:
-        prog, result = _run_traced(a.source, _params(a.params), a.machine, a.seed)
+        prog, result = _run_traced(a.source, parse_params(a.params), a.machine, a.seed)
         cells = T.cells_of_records(T.records(prog, result.trace, result.cycles))
         title = f"{prog.source_name or a.source} on {prog.machine.name}"
     lo, hi = T.parse_window(a.cycles, cells.cycles, "--cycles") or (0, DEFAULT_WINDOW)
@@ -71,8 +71,8 @@ def cmd_trace(a):
 def after_run(args, prog, result, info):
     """--trace / --report / --plot of `lpu run` (the run kept a trace when any was given)."""
     want_trace, want_report, want_plot = (getattr(args, k, None) for k in ("trace", "report", "plot"))
-    if getattr(args, "trace_cycles", None) and not want_trace:
-        raise LpuError("--trace-cycles needs --trace FILE.json")
+    if getattr(args, "cycles", None) and not want_trace:
+        raise LpuError("--cycles needs --trace FILE.json (it is the window of cycles the trace keeps)")
     if not (want_trace or want_report or want_plot):
         return
     from lpu.emulator import report as R
@@ -80,7 +80,7 @@ def after_run(args, prog, result, info):
     from lpu.api import write_atomic
     r = T.records(prog, result.trace, result.cycles)
     if want_trace:
-        window = T.parse_window(args.trace_cycles, result.cycles)
+        window = T.parse_window(args.cycles, result.cycles, "--cycles")
         doc, notes = T.chrome_trace(r, window)
         for n in notes:
             print(n, file=sys.stderr)

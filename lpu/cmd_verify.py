@@ -6,26 +6,29 @@ import json
 import sys
 import time
 
+from lpu.args import parse_params
+
 SHOWN = 50
 
 
 def add_parser(sub, common):
     p = sub.add_parser("verify", help="prove a compiled program keeps every timing and resource rule")
     p.add_argument("program", help="PROG.lpu or PROG.lpubin")
-    p.add_argument("--limit", type=int, default=1000, help="stop after this many violations (default 1000)")
+    p.add_argument("--limit", type=int, default=1000, metavar="N", help="stop after this many violations (default 1000)")
     common(p)
 
 
 def cmd_verify(a):
     from lpu.compiler.verify import verify
     from lpu.api import machine_of
-    from lpu.cli import _params
     if a.program.endswith(".lpubin"):
+        from lpu.api import check_binary_params
         from lpu.isa.encoding import load_binary
         prog = load_binary(a.program, machine_of(a.machine) if a.machine else None)
+        check_binary_params(prog, parse_params(a.params), a.program)
     else:
         from lpu import api
-        prog = api.compile(a.program, _params(a.params), a.machine)[0]
+        prog = api.compile(a.program, parse_params(a.params), a.machine)[0]
     t0 = time.perf_counter()
     found = verify(prog, a.limit)
     wall = time.perf_counter() - t0

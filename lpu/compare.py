@@ -14,10 +14,10 @@ line's bound is the bound (compute, hbm, latency, launch) holding most of its ke
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 
+from lpu.args import parse_params, progress_lines
 from lpu.isa.errors import CapacityError, LpuError
 
 DEFAULT_SWEEP = {"S": [16, 32, 64, 128]}
@@ -68,6 +68,18 @@ def _line_ops(graph, gpu_cost) -> dict[int, str]:
     return {ln: "+".join(ops[:3]) + ("+..." if len(ops) > 3 else "") for ln, ops in out.items()}
 
 
+MEANINGFUL_SHARE = 0.01
+
+
+def _line_ratio(lpu_us, lpu_total, gpu_us, gpu_total):
+    """GPU/LPU time of one line, only where the line holds at least MEANINGFUL_SHARE of both
+    totals: the attribution rules give some lines a handful of cycles, and a ratio of those
+    would print absurd factors."""
+    if not lpu_us or not gpu_us or lpu_us < MEANINGFUL_SHARE * lpu_total or gpu_us < MEANINGFUL_SHARE * gpu_total:
+        return None
+    return gpu_us / lpu_us
+
+
 def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = False,
                   capacity: CapacityError | None = None, machine_name: str | None = None, progress=None) -> dict:
     """The comparison as a JSON-ready dict. `program` None (with `capacity`): GPU side only."""
@@ -91,6 +103,7 @@ def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = F
     labels = _line_ops(graph, cost)
     src = graph.source_lines() if hasattr(graph, "source_lines") else []
     ops = []
+    lpu_total = lpu["time_us"] or 0.0
     for ln in lines:
         cyc = lpu["per_line_cycles"].get(ln, 0)
         lpu_us = cyc / lpu["clock_mhz"] if program is not None else None
@@ -104,7 +117,7 @@ def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = F
                     "source": src[ln - 1].strip() if 1 <= ln <= len(src) else "",
                     "lpu_cycles": cyc if program is not None else None, "lpu_us": lpu_us, "gpu_us": g_us,
                     "bound": max(bt, key=bt.get) if bt else None,
-                    "ratio": (g_us / lpu_us) if lpu_us and g_us else None})
+                    "ratio": _line_ratio(lpu_us, lpu_total, g_us, cost.total_us)})
     lpu.pop("per_line_cycles")
     by_bound = cost.by_bound()
     out = {"program": graph.source_name, "params": dict(graph.params), "phase": "decode" if decode else "prefill",
@@ -117,7 +130,7 @@ def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = F
     for side in ("lpu", "gpu"):
         t = out[side]["time_us"]
         if t:
-            out[side]["tokens_per_s" if decode else "ttft_ms"] = 1e6 / t if decode else t / 1e3
+            out[side]["tokens_per_s" if decode else "ttft_us"] = 1e6 / t if decode else t
     return out
 
 
@@ -133,6 +146,9 @@ def compare(path: str, params: dict | None = None, machine=None, gpu="h100-sxm",
         progress(f"compiling {path} ...")
     try:
         program, graph = api.compile(path, params or {}, machine)
+        if graph is None:
+            raise LpuError(f"{path}: compare costs the program's IR, which is rebuilt from the source a binary "
+                           f"carries; this one carries none (compare the .lpu file instead)")
     except CapacityError as e:
         from lpu.compiler.frontend import elaborate_file
         return compare_graph(None, elaborate_file(path, params or {}), gpu, launch, capacity=e,
@@ -217,7 +233,7 @@ def format_compare(d: dict) -> str:
         out.append(f"LPU: {lpu['cycles']:,} cycles at {lpu['clock_mhz']} MHz = {_us(lpu['time_us'])} us ({src})"
                    + (f"; check {'ok' if lpu['check']['ok'] else 'MISMATCH'}" if "check" in lpu else "")
                    + f"; {lpu['bound']}")
-    key, unit, fmt = ("tokens_per_s", "tokens/s", "{:,.0f}") if d["phase"] == "decode" else ("ttft_ms", "ms to first token", "{:.3f}")
+    key, unit, fmt = ("tokens_per_s", "tokens/s", "{:,.0f}") if d["phase"] == "decode" else ("ttft_us", "us to first token", "{:,.2f}")
     rate = [f"{side.upper()} {fmt.format(d[side][key])}" for side in ("lpu", "gpu") if key in d[side]]
     out.append(f"{unit}: " + ", ".join(rate))
     return "\n".join(out)
@@ -288,7 +304,7 @@ def plot_sweep(rows: list[dict], gpu_name: str, out: str):
 # ---- the subcommand -------------------------------------------------------------------------
 def add_parser(sub, common):
     p = sub.add_parser("compare", help="the LPU against a GPU, per DSL line and in total")
-    p.add_argument("program", help="PROG.lpu")
+    p.add_argument("program", help="PROG.lpu or PROG.lpubin")
     p.add_argument("--gpu", default="h100-sxm", help="a100-80gb, h100-sxm, h200 or a .toml file (default h100-sxm)")
     p.add_argument("--launch", choices=["stream", "graph"], default="stream",
                    help="GPU kernel launches: plain stream or CUDA graph (default stream)")
@@ -300,19 +316,14 @@ def add_parser(sub, common):
     common(p)
 
 
-def _stderr(text: str):
-    print(text, file=sys.stderr, flush=True)
-
-
 def cmd_compare(a):
     from lpu.gpu_baseline.gpus import load_gpu
-    from lpu.cli import _params
-    params = _params(a.params)
+    params = parse_params(a.params)
     gpu = load_gpu(a.gpu)
     if a.sweep:
         name, values = parse_sweep(a.sweep)
         rows = sweep(a.program, name, values, params, a.machine, gpu, a.launch,
-                     progress=_stderr)
+                     progress=progress_lines(a))
         if a.plot:
             plot_sweep(rows, gpu.name, a.plot)
         if a.json:
@@ -321,7 +332,7 @@ def cmd_compare(a):
         else:
             print(format_sweep(rows, gpu.name))
         return 0
-    d = compare(a.program, params, a.machine, gpu, a.launch, a.emulate, progress=_stderr)
+    d = compare(a.program, params, a.machine, gpu, a.launch, a.emulate, progress=progress_lines(a))
     if a.plot:
         plot_ops(d, a.plot)
     print(json.dumps(d) if a.json else format_compare(d))

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import textwrap
 
 from lpu import programs as programs_pkg
+from lpu.args import progress_lines
 from lpu.isa.errors import LpuError
 
 PROGRAMS = os.path.dirname(os.path.abspath(programs_pkg.__file__))
@@ -26,11 +26,7 @@ def lpu_bound(lpu: dict) -> str:
     return f"{lpu['bound']} (MXM {lpu['utilization']['mxm']:.0%})"
 
 
-def _progress(text: str):
-    print(text, file=sys.stderr, flush=True)
-
-
-def run_demo(gpu="h100-sxm", launch: str = "stream", progress=_progress) -> list[dict]:
+def run_demo(gpu="h100-sxm", launch: str = "stream", progress=None) -> list[dict]:
     """One `compare(..., emulate=True)` result per phase; `gpu` is a name, a path or a GpuConfig."""
     from lpu.gpu_baseline.gpus import GpuConfig, load_gpu
     from lpu.compare import compare
@@ -92,8 +88,8 @@ def format_demo(results: list[dict], gpu) -> str:
         if d["phase"] == "decode":
             out.append(f"decode: {lpu['tokens_per_s']:,.0f} tokens/s on the LPU, {g['tokens_per_s']:,.0f} on the GPU")
         else:
-            out.append(f"prefill: time to first token {lpu['ttft_ms'] * 1e3:.1f} us on the LPU, "
-                       f"{g['ttft_ms'] * 1e3:.1f} us on the GPU")
+            out.append(f"prefill: time to first token {lpu['ttft_us']:.1f} us on the LPU, "
+                       f"{g['ttft_us']:.1f} us on the GPU")
     out += [textwrap.fill(t, 100, subsequent_indent="  ") for t in why(results, gpu)]
     out.append("per line: lpu compare PROG.lpu; over the prompt length: lpu compare "
                "programs/gpt2_block_prefill.lpu --sweep S")
@@ -110,7 +106,7 @@ def add_parser(sub, common):
 def cmd_demo(a):
     from lpu.gpu_baseline.gpus import load_gpu
     gpu = load_gpu(a.gpu)
-    results = run_demo(gpu, a.launch)
+    results = run_demo(gpu, a.launch, progress_lines(a))
     if a.json:
         print(json.dumps({"gpu": gpu.name, "phases": [
             {"phase": d["phase"], "program": d["program"], "lpu_us": d["lpu"]["time_us"], "gpu_us": d["gpu"]["time_us"],

@@ -5,11 +5,13 @@ import io
 import json
 import math
 import os
+from argparse import Namespace
 
 import pytest
 
 from lpu.gpu_baseline.gpus import load_gpu
 from lpu import compare as C
+from lpu.args import progress_lines
 from lpu.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,7 +82,7 @@ def test_emulated_times_match_schedule():
     assert emu["lpu"]["source"] == "emulation" and emu["lpu"]["check"]["ok"]
     assert emu["lpu"]["cycles"] == sched["lpu"]["cycles"]
     assert [(o["line"], o["lpu_cycles"]) for o in emu["ops"]] == [(o["line"], o["lpu_cycles"]) for o in sched["ops"]]
-    assert sched["phase"] == "prefill" and sched["lpu"]["ttft_ms"] == pytest.approx(sched["lpu"]["time_us"] / 1e3)
+    assert sched["phase"] == "prefill" and sched["lpu"]["ttft_us"] == pytest.approx(sched["lpu"]["time_us"])
 
 
 # ---- the per-line attribution rule -------------------------------------------------------------
@@ -167,10 +169,21 @@ def test_plot_writes_png(tmp_path, capsys):
 
 
 # ---- sweep -------------------------------------------------------------------------------------
+def test_sweep_progress_on_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    tty = Tty()
+    say = progress_lines(Namespace(json=False), tty)
+    C.sweep(MLP, "S", [8, 16], {}, "tiny", progress=say)
+    assert "[1/2] S=8" in tty.getvalue() and "[2/2] S=16" in tty.getvalue()
+    assert progress_lines(Namespace(json=True), tty) is None and progress_lines(Namespace(json=False), io.StringIO()) is None
+
+
 def test_sweep_table_and_json(capsys, tmp_path):
     rc, d, err = _cli_json(capsys, "compare", MLP, "--machine", "tiny", "--sweep", "S=8,32", "--json")
     assert rc == 0 and [r["value"] for r in d["rows"]] == [8, 32]
-    assert "[1/2] S=8" in err and "[2/2] S=32" in err                       # progress on stderr
+    assert err == ""                                   # no progress with --json or off a terminal
     for r in d["rows"]:
         assert r["lpu_us"] > 0 and r["gpu_us"] > 0 and r["ratio"] == pytest.approx(r["gpu_us"] / r["lpu_us"])
         assert r["gpu_bound"] in ("compute", "hbm", "latency", "launch")

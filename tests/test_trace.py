@@ -150,7 +150,7 @@ def test_window_errors(mlp):
         with pytest.raises(LpuError, match="A:B"):
             T.parse_window(bad, 100)
     assert T.parse_window(":50", 100) == (0, 50) and T.parse_window("20:", 100) == (20, 100)
-    args = Namespace(trace=None, trace_cycles="1:2", report=False, plot=None, json=False)
+    args = Namespace(trace=None, cycles="1:2", report=False, plot=None, json=False)
     with pytest.raises(LpuError, match="needs --trace"):
         after_run(args, prog, result, {})
 

@@ -1,0 +1,111 @@
+"""What every `lpu` subcommand shares: the common options, `-p NAME=INT` parsing, the cycle
+window option, and progress on stderr. Command modules import this, never `lpu.cli` (which
+imports them)."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from lpu.isa.errors import LpuError
+
+DOCS = "docs/language.md"
+
+
+def parse_params(items) -> dict:
+    """`-p NAME=INT` options as a dict (the last one given for a name wins)."""
+    out = {}
+    for it in items or []:
+        if "=" not in it:
+            raise LpuError(f"-p expects NAME=INT, got '{it}'")
+        k, v = it.split("=", 1)
+        if not k.strip().isidentifier():
+            raise LpuError(f"-p {it}: '{k}' is not a param name")
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            raise LpuError(f"-p {k}: '{v}' is not an integer") from None
+    return out
+
+
+def add_common(p, compiles: bool = True) -> None:
+    """The options of every subcommand; `compiles`: it may compile a program (-p, --machine)."""
+    if compiles:
+        p.add_argument("-p", dest="params", action="append", metavar="NAME=INT",
+                       help="override a param of the program (repeatable); a binary remembers the ones it was "
+                            "compiled with, and a different value is an error")
+        p.add_argument("--machine", default=None, metavar="NAME|FILE.toml",
+                       help="machine config: tsp-v1 (default), tiny, or a .toml file")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout (no progress on stderr)")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+
+
+def add_window(p, what: str) -> None:
+    """`--cycles A:B`, the one name of a cycle window on every command."""
+    p.add_argument("--cycles", metavar="A:B", help=f"window of cycles {what}")
+
+
+class Progress:
+    """Progress lines on stderr for work that takes more than `delay` seconds, only when stderr
+    is a terminal and the command does not print JSON. Used as a context manager around a
+    stage; a ticker thread rewrites one status line with the stage and the elapsed time."""
+
+    def __init__(self, enabled: bool | None = None, delay: float = 2.0, stream=None):
+        self.stream = stream or sys.stderr
+        tty = getattr(self.stream, "isatty", lambda: False)()
+        self.enabled = tty if enabled is None else enabled
+        self.delay = delay
+        self._stage = ""
+        self._t0 = 0.0
+        self._shown = False
+        self._stop = threading.Event()
+        self._thread = None
+
+    @classmethod
+    def for_args(cls, a) -> "Progress":
+        return cls(enabled=None if not getattr(a, "json", False) else False)
+
+    def stage(self, text: str) -> "Progress":
+        self._stage = text
+        return self
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        if self.enabled:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._tick, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        if self._shown:
+            self.stream.write(f"\r{self._stage} done in {time.perf_counter() - self._t0:.1f} s\033[K\n")
+            self.stream.flush()
+            self._shown = False
+        return False
+
+    def _tick(self):
+        if self._stop.wait(self.delay):
+            return
+        while True:
+            self._shown = True
+            self.stream.write(f"\r{self._stage} ... {time.perf_counter() - self._t0:.0f} s\033[K")
+            self.stream.flush()
+            if self._stop.wait(1.0):
+                return
+
+
+def progress_lines(a, stream=None):
+    """A `progress(text)` callable printing one line per step on stderr, or None when stderr is
+    not a terminal or the command prints JSON (scripts get clean output)."""
+    stream = stream or sys.stderr
+    if getattr(a, "json", False) or not getattr(stream, "isatty", lambda: False)():
+        return None
+
+    def say(text: str):
+        print(text, file=stream, flush=True)
+    return say

@@ -1,0 +1,113 @@
+"""What a new user tries first: a binary that remembers its params, the language reference
+naming every builtin, --version, and labelled, consistent command output."""
+import json
+import os
+import re
+
+import pytest
+
+from lpu.cli import main
+from lpu.compiler import builtins as B
+from lpu.compiler.elaborate import PRELUDE_PATH
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MLP = os.path.join(ROOT, "programs", "mlp.lpu")
+
+
+def _lpu(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def mlp_bin(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bin") / "m.lpubin"
+    assert main(["compile", MLP, "-p", "S=8", "--machine", "tiny", "-o", str(path)]) == 0
+    return path
+
+
+def test_binary_runs_checks_and_compares_without_p(capsys, mlp_bin):
+    rc, out, _ = _lpu(capsys, "run", mlp_bin, "--check", "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["check"]["ok"] and d["params"]["S"] == 8 and d["cycles"] == d["predicted_cycles"]
+    assert d["compile_s"] >= 0 and d["instructions_compiled"] > 0
+    rc, out, _ = _lpu(capsys, "compare", mlp_bin, "--json")
+    assert rc == 0 and json.loads(out)["params"]["S"] == 8
+    rc, out, _ = _lpu(capsys, "verify", mlp_bin, "--json")
+    assert rc == 0 and json.loads(out)["ok"]
+
+
+def test_binary_params_mismatch_is_a_clear_error(capsys, mlp_bin):
+    rc, _, err = _lpu(capsys, "run", mlp_bin, "-p", "S=16")
+    assert rc == 2 and "S=16 (compiled with S=8)" in err and "Traceback" not in err
+    rc, _, err = _lpu(capsys, "verify", mlp_bin, "-p", "Q=1")
+    assert rc == 2 and "has no param Q" in err
+    rc, out, _ = _lpu(capsys, "run", mlp_bin, "-p", "S=8", "--json")   # the same value is fine
+    assert rc == 0 and json.loads(out)["params"]["S"] == 8
+
+
+def test_disasm_json_and_asm_keep_params(capsys, mlp_bin, tmp_path):
+    rc, out, _ = _lpu(capsys, "disasm", mlp_bin, "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["params"]["S"] == 8 and ".param S 8" in d["text"] and len(d["source_sha256"]) == 64
+    s = tmp_path / "m.s"
+    assert _lpu(capsys, "disasm", mlp_bin, "-o", s)[0] == 0
+    assert _lpu(capsys, "asm", s, "-o", tmp_path / "again.lpubin")[0] == 0
+    assert (tmp_path / "again.lpubin").read_bytes() == mlp_bin.read_bytes()
+    rc, _, err = _lpu(capsys, "run", s)
+    assert rc == 2 and "lpu asm" in err
+
+
+def test_tampered_source_in_a_binary_is_refused(capsys, mlp_bin, tmp_path):
+    text = (tmp_path / "x.s")
+    assert _lpu(capsys, "disasm", mlp_bin, "-o", text)[0] == 0
+    lines = text.read_text().splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith(".srcline 1"))
+    lines[i] = ".srcline 1 # changed"
+    text.write_text("\n".join(lines) + "\n")
+    assert _lpu(capsys, "asm", text, "-o", tmp_path / "t.lpubin")[0] == 0   # asm rehashes what it is given
+    from lpu.isa.encoding import encode, decode
+    from lpu.isa.encoding import load_binary
+    prog = load_binary(str(tmp_path / "t.lpubin"))
+    assert prog.source_lines[0] == "# changed"
+    data = bytearray(encode(prog))
+    k = data.find(b"# changed")
+    data[k + 2] = ord("C")                                   # flip one byte of the stored source ...
+    import struct
+    import zlib
+    data[-4:] = struct.pack("<I", zlib.crc32(bytes(data[:-4])))   # ... behind a valid checksum
+    with pytest.raises(Exception, match="hash"):
+        decode(bytes(data))
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and re.fullmatch(r"lpu \S+\n", capsys.readouterr().out)
+
+
+def test_every_argument_has_help():
+    from lpu.cli import build_parser
+    ap = build_parser()
+    sub = next(a for a in ap._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, p in sub.choices.items():
+        for act in p._actions:
+            if act.dest in ("help",) or act.help == "==SUPPRESS==":
+                continue
+            assert act.help, f"lpu {name}: argument {act.dest} has no help text"
+
+
+def test_language_reference_names_every_builtin():
+    doc = open(os.path.join(ROOT, "docs", "language.md")).read()
+    prelude = re.findall(r"^fn (\w+)\(", PRELUDE_PATH.read_text(), re.M)
+    assert prelude and set(B.BUILTINS)
+    for name in [*B.BUILTINS, *prelude]:
+        assert f"`{name}(" in doc, f"docs/language.md does not document the builtin `{name}`"
+
+
+def test_unknown_function_hint_points_to_the_reference(capsys, tmp_path):
+    p = tmp_path / "p.lpu"
+    p.write_text("input x : f32[2, 4]\noutput y = frobnicate(x)\n")
+    rc, _, err = _lpu(capsys, "compile", p, "--machine", "tiny")
+    assert rc == 2 and "docs/language.md" in err
