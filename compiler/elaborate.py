@@ -371,7 +371,7 @@ class Elaborator:
         else:
             near = did_you_mean(e.func, [*self.fns, *B.BUILTINS])
             self.error(e, f"unknown function `{e.func}`",
-                       (near + "; " if near else "") + "the builtins are listed in docs/language.md")
+                       f"{near} (builtins: docs/language.md)" if near else "the builtins are listed in docs/language.md")
         args = self._bind(e, spec, scope)
         if e.func not in self.fns:
             return handler(self, args, e)
