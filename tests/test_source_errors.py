@@ -79,7 +79,7 @@ def test_rendering_has_position_source_line_caret_and_hint():
         "prog.lpu:5:5: error: unknown function `layernrm`",
         "    y = layernrm(x, x, x)",
         "        ^",
-        "    hint: did you mean `layernorm`?",
+        "    hint: did you mean `layernorm`? (builtins: docs/language.md)",
     ]
 
 
