@@ -107,9 +107,9 @@ def elementwise(el, op: str, args: list, at, shown: str | None = None):
     scalars = [v for v in vals if not isinstance(v, Tensor)]
     tdt = None
     for dt in tdts:
-        tdt = dt if tdt is None else S.promote(tdt, dt)
+        tdt = dt if tdt is None else ops.promote(tdt, dt)
     any_float = any(isinstance(v, float) for v in scalars)
-    sdt = ("f32" if any_float else "i32") if tdt is None else S.promote_weak(tdt, any_float)
+    sdt = ("f32" if any_float else "i32") if tdt is None else ops.promote_weak(tdt, any_float)
     dtypes = [el.dtype(v) if isinstance(v, Tensor) else sdt for v in args[:first] + vals]
     if first:
         dtypes[0] = el.dtype(args[0])
@@ -256,7 +256,7 @@ def _concat(el, a, at):
             el.error(at, f"shape mismatch in `concat` along axis {axis}: {fmt(s0)} and {fmt(s)}")
     dtype = el.dtype(xs[0])
     for x in xs[1:]:
-        dtype = S.promote(dtype, el.dtype(x))
+        dtype = ops.promote(dtype, el.dtype(x))
     xs = [cast(el, dtype, x, at) for x in xs]
     shape = list(el.shape(xs[0]))
     shape[axis] = sum(el.shape(x)[axis] for x in xs)

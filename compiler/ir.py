@@ -31,8 +31,9 @@ import networkx as nx
 import numpy as np
 
 from lpu.compiler import ops
-from lpu.compiler.ops import LEAVES  # noqa: F401 (for callers)
 from lpu.isa.dtypes import dtype_width
+
+LEAVES = ops.LEAVES
 
 
 @dataclass

@@ -23,7 +23,10 @@ from lpu.compiler.lower_common import (  # noqa: F401 (copy: used by lower.py)
 )
 from lpu.compiler.chains import ChainBuilder
 from lpu.isa import opcodes as O
-from lpu.isa.dtypes import DTYPE_CODE, FLOATS, NP_DTYPE, dtype_width  # noqa: F401 (NP_DTYPE: lower.py)
+from lpu.isa import dtypes
+from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
+
+NP_DTYPE = dtypes.NP_DTYPE          # (lower.py's constants)
 
 NEG_INF_BITS = int(np.float32(-np.inf).view(np.int32))
 
@@ -249,7 +252,7 @@ def lower_where(lw, n):
         lw.free_temp(r)
 
 
-def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y) -> bool:
+def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y, staged=0) -> bool:
     """The one-chain form of lower_where; False when the machine cannot place it."""
     ctx = lw.ctx
     if ctx.m.vxm_alus < 2:
@@ -267,11 +270,11 @@ def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y) -> bool:
         return groups[key], DTYPE_CODE[v[1]]
 
     gc, gx, gy = read(c), read(x), read(y)
-    if cb.mem_conflict():
-        vs = [v for v in (y, x) if v[0] != "imm"]
-        staged = stage(lw, node, vs[0], [v for v in (c, x, y) if v[0] != "imm" and v is not vs[0]])
-        x, y = (staged if v is vs[0] else v for v in (x, y))
-        return _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y)
+    if cb.mem_conflict():         # two operands on one bank: copy b, then a, elsewhere
+        i = 2 if y[0] != "imm" and not staged else 1
+        vs = [c, x, y]
+        vs[i] = stage(lw, node, vs[i], [v for j, v in enumerate(vs) if j != i and v[0] != "imm"])
+        return _where_chain(lw, node, out_base, out_dt, cdt, nv, *vs, staged=staged + 1)
     keep, drop, add = (O.VXM_BINARY[k] for k in ("KEEP", "DROP", "ADD"))
     lat = ctx.lat[keep]
     links = [(cb.link(vpos, vpos, lat, dtype_width(cdt)), DTYPE_CODE[cdt]) for _ in range(2)]

@@ -194,6 +194,9 @@ def _syntax_error(e: UnexpectedInput, src: SourceText, post: _Newlines) -> Sourc
                               f"add `{OPEN[opener.type]}`")
     if tok.type in CLOSE and not [t for t in post.stack if t.type in OPEN]:
         return SourceError.at(src, line, col, f"unmatched closing bracket `{tok}`")
+    if tok.type == "CMPOP" and prev is not None and prev.type in OPERAND_END:
+        return SourceError.at(src, line, col, f"comparisons do not chain: unexpected `{tok}` after a comparison",
+                              "combine two masks instead: (a < b) * (b < c)")
     start = post.stmt_start
     if start is not None and start.type in ("INPUT", "WEIGHT", "STATE"):
         return SourceError.at(src, line, col, STMT_KIND[start.type] + f", found {_tok_text(tok)}")

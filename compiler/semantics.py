@@ -13,8 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import ops
-from lpu.compiler.ops import promote, promote_weak  # noqa: F401 (the dtype rules, for callers)
-from lpu.isa.dtypes import DTYPES, FLOATS, INT_RANGE, NP_DTYPE, is_float  # noqa: F401
+from lpu.isa import dtypes
+from lpu.isa.dtypes import INT_RANGE, NP_DTYPE, is_float
+
+DTYPES = dtypes.DTYPES
+promote, promote_weak = ops.promote, ops.promote_weak      # the dtype rules, for callers
 
 # (atol, rtol) for comparing the emulator (or any implementation of these rules) with the
 # reference: f32 differs by transcendental ulps and summation order; f16 and bf16 by one

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# the dtype table (names, codes, widths) is isa/dtypes.py; re-exported for the encoder, assembler
-# and decoder
-from lpu.isa.dtypes import (  # noqa: F401
-    DT_BF16, DT_F16, DT_F32, DT_I8, DT_I32, DTYPE_CODE, DTYPE_WIDTH, DTYPES, FLOAT_DTYPES, dtype_width,
-)
+from lpu.isa import dtypes as _dtypes
 from lpu.isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
 
 NARGS = 6
+
+# the dtype table is isa/dtypes.py; its codes and widths, as the encoder, assembler and decoder use them
+DTYPES, DTYPE_CODE, DTYPE_WIDTH = _dtypes.DTYPES, _dtypes.DTYPE_CODE, _dtypes.DTYPE_WIDTH
+DT_I8, DT_F16, DT_I32, DT_F32, DT_BF16 = _dtypes.DT_I8, _dtypes.DT_F16, _dtypes.DT_I32, _dtypes.DT_F32, _dtypes.DT_BF16
+FLOAT_DTYPES = _dtypes.FLOAT_DTYPES
+dtype_width = _dtypes.dtype_width
 
 
 def make_ref(dtype: int, direction: int, stream: int) -> int:
