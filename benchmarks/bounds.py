@@ -29,12 +29,13 @@ import math
 
 import numpy as np
 
-from lpu.compiler.ir import BINARY, ITEMSIZE, LEAVES, REDUCE, UNARY, IRGraph, Node
+from lpu.compiler.ir import IRGraph, Node
+from lpu.compiler.ops import LEAVES, OPS, REDUCE
+from lpu.isa.dtypes import dtype_width
 from lpu.isa.machine import MachineConfig
 
-TRANSCENDENTAL = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "div"})
-VXM_OPS = BINARY | UNARY | REDUCE | {"causal", "rope"}
-FREE = frozenset({"cast", "transpose", "reshape", "slice", "concat", "store", "output"})
+# the op table's bound classes (compiler/ops.py): VXM work is counted for these
+VXM_OPS = frozenset(d.name for d in OPS.values() if d.bound in ("vxm", "reduce"))
 
 
 def vectors(shape: tuple, lanes: int) -> int:
@@ -96,7 +97,7 @@ def _leaf_bytes_read(graph: IRGraph, leaf: Node) -> int:
         for box in regions:
             mask[tuple(slice(lo, hi) for lo, hi in box)] = True
         n = int(mask.sum())
-    return n * ITEMSIZE[leaf.dtype]
+    return n * dtype_width(leaf.dtype)
 
 
 def traffic(graph: IRGraph) -> tuple[int, int]:
@@ -107,7 +108,7 @@ def traffic(graph: IRGraph) -> tuple[int, int]:
         if n.op == "output":
             written += graph.node(n.inputs[0]).nbytes
         elif n.op == "store":
-            written += graph.node(n.inputs[1]).size * ITEMSIZE[n.dtype]
+            written += graph.node(n.inputs[1]).size * dtype_width(n.dtype)
     return read, written
 
 
@@ -159,10 +160,8 @@ def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = 
             d = lat["vxm"] + levels * (lat["sxm"] + lat["vxm"] + 2 * d_sxm)
             if n.op != "max":     # a sum can also be a matmul with a ones vector
                 d = min(d, 2 * d_mxm + lat["mxm_abc"] + lat["mxm_acc"] + lat["vxm"])
-        elif n.op in TRANSCENDENTAL:
-            d = lat["vxm_transcendental"]
-        else:
-            d = lat["vxm"]
+        else:                 # the dependent VXM steps of one vector (the op table's path)
+            d = sum(lat[k] for k in OPS[n.op].path)
         finish[n.id] = ready + d
         place[n.id] = p
     ends = [finish[nid] for nid in graph.outputs.values()] + [finish[nid] for nid in graph.final_states.values()]

@@ -12,16 +12,17 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import semantics as S
-from lpu.compiler.ir import BINARY, REDUCE, UNARY, IRGraph, Node
+from lpu.compiler.ir import IRGraph, Node
+from lpu.compiler.ops import ELEMENTWISE, OPS, REDUCE
 from lpu.compiler.reference import MOVES, move
+from lpu.isa.dtypes import INT_RANGE
 
 F32 = np.float32
-INT_RANGE = {"i8": (-128.0, 127.0), "i32": (-2.0**31, 2.0**31 - 1)}
 
 
 def _cast(x: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "f16":
-        return x.astype(np.float16).astype(F32)
+    if dtype in ("f16", "bf16"):
+        return S.convert(x, dtype).astype(F32)
     if dtype in INT_RANGE:
         lo, hi = INT_RANGE[dtype]
         return np.clip(np.rint(x), lo, hi).astype(F32)
@@ -32,15 +33,13 @@ def _eval(n: Node, xs: list[np.ndarray]) -> np.ndarray:
     op, a = n.op, n.attrs
     if op == "const":
         return np.asarray(a["value"], F32)
-    if op in UNARY:
-        return S.UNARY_FN[op](xs[0]).astype(F32, copy=False)
-    if op in BINARY:
-        return S.BINARY_FN[op](xs[0], xs[1]).astype(F32, copy=False)
-    if op in REDUCE:
-        r = S.REDUCE_FN[op](xs[0], axis=a["axis"], keepdims=True)
-        return (r / F32(xs[0].shape[a["axis"]])) if op == "mean" else r
     if op == "cast":
         return _cast(xs[0], n.dtype)
+    if op in ELEMENTWISE:
+        return OPS[op].fn(*xs).astype(F32, copy=False)
+    if op in REDUCE:
+        r = OPS[op].fn(xs[0], axis=a["axis"], keepdims=True)
+        return (r / F32(xs[0].shape[a["axis"]])) if op == "mean" else r
     if op == "matmul":
         return xs[0] @ xs[1]
     if op in MOVES:

@@ -26,7 +26,7 @@ class Name(Pos):
 
 @dataclass
 class BinOp(Pos):
-    op: str              # + - * / % @
+    op: str              # + - * / % @ < <= > >= == !=
     left: "Expr"
     right: "Expr"
 

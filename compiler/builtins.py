@@ -4,11 +4,11 @@ builtin functions, and folding of compile-time scalars. Each takes the elaborato
 the ops it adds and the errors it raises."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from lpu.compiler import ops
 from lpu.compiler import semantics as S
 
 REQUIRED = object()
@@ -52,23 +52,22 @@ def fold_binary(el, op: str, a, b, at):
         return float(a) / float(b)
     if op == "@":
         el.error(at, "`@` needs tensors, got compile-time numbers")
-    return {"+": a + b, "-": a - b, "*": a * b}[op]
+    return fold(el, ops.OPERATORS[op], [a, b], at, op)
 
 
-SCALAR_FN = {
-    "exp": math.exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1.0 / math.sqrt(x),
-    "tanh": math.tanh, "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)),
-    "silu": lambda x: x / (1.0 + math.exp(-x)), "abs": abs, "relu": lambda x: max(x, 0),
-    "gelu": lambda x: 0.5 * x * (1 + math.tanh(0.7978845608 * (x + 0.044715 * x ** 3))),
-}
+def _scalar_dtype(v) -> str:
+    return "f32" if isinstance(v, float) else "i32"
 
 
-def fold_unary(el, op: str, x, at):
+def fold(el, op: str, args: list, at, shown: str | None = None):
+    """An elementwise op on compile-time numbers, with the op table's formula in f64 (or i64):
+    an int when the op's dtype rule gives an integer, else a float."""
     try:
-        r = SCALAR_FN[op](x)
-    except (ValueError, ZeroDivisionError, OverflowError):
-        el.error(at, f"`{op}({x})` is undefined")
-    return r if op in ("abs", "relu") else float(r)
+        with np.errstate(divide="raise", invalid="raise", over="raise", under="ignore"):
+            r = ops.OPS[op].fn(*(np.float64(v) if isinstance(v, float) else np.int64(v) for v in args))
+    except (FloatingPointError, OverflowError, ZeroDivisionError):
+        el.error(at, f"`{shown or op}({', '.join(map(str, args))})` is undefined")
+    return float(r) if S.is_float(ops.result_dtype(op, *map(_scalar_dtype, args))) else int(r)
 
 
 def fold_cast(to: str, x):
@@ -85,28 +84,53 @@ def const(el, value, dtype: str, at) -> Tensor:
     return el.node("const", [], (), dtype, {"value": np.array(value, dtype=S.NP_DTYPE[dtype])}, at)
 
 
-BINOP = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
+BINOP = ops.OPERATORS      # `+` -> add, `<` -> lt, ...
+
+
+def elementwise(el, op: str, args: list, at, shown: str | None = None):
+    """An elementwise op of the table on tensors and compile-time numbers (at least one tensor,
+    else it folds). Shapes broadcast as in numpy; a number takes the dtype of the tensors it
+    meets (a float with integer tensors: f32) and becomes a scalar constant. `where`'s condition
+    only selects: it takes no part in promotion and must be a tensor."""
+    d = ops.OPS[op]
+    shown = shown or d.spell or op
+    for v in args:
+        if isinstance(v, list):
+            el.error(at, f"`{shown}` got a list: lists exist only at compile time (use concat)")
+    if not any(isinstance(v, Tensor) for v in args):
+        return fold(el, op, args, at, shown)
+    first = 1 if d.family == "select" else 0
+    if first:
+        tensor_arg(el, args[0], shown, at)
+    vals = args[first:]
+    tdts = [el.dtype(v) for v in vals if isinstance(v, Tensor)]
+    scalars = [v for v in vals if not isinstance(v, Tensor)]
+    tdt = None
+    for dt in tdts:
+        tdt = dt if tdt is None else ops.promote(tdt, dt)
+    any_float = any(isinstance(v, float) for v in scalars)
+    sdt = ("f32" if any_float else "i32") if tdt is None else ops.promote_weak(tdt, any_float)
+    dtypes = [el.dtype(v) if isinstance(v, Tensor) else sdt for v in args[:first] + vals]
+    if first:
+        dtypes[0] = el.dtype(args[0])
+    result = ops.result_dtype(op, *dtypes)
+    if any_float and tdts and not any(map(S.is_float, tdts)) and not S.is_float(result):
+        # an integer tensor meets a float number and the result is no float (a comparison):
+        # compare in f32, which the VXM sees from the operand's dtype
+        args = args[:first] + [cast(el, "f32", v, at) if isinstance(v, Tensor) else v for v in vals]
+    cdt = "f32" if S.is_float(sdt) else "i32"
+    ins = [v if isinstance(v, Tensor) else const(el, v, cdt, at) for v in args]
+    try:
+        shape = np.broadcast_shapes(*(el.shape(v) for v in ins))
+    except ValueError:
+        el.error(at, f"shape mismatch in `{shown}`: "
+                     f"{' and '.join(fmt(el.shape(v)) for v in ins if isinstance(v, Tensor))} do not broadcast")
+    return el.node(op, [v.id for v in ins], shape, result, {}, at)
 
 
 def binary(el, op: str, a, b, at, name: str | None = None):
-    """`a op b` where at least one side is a tensor; op is an IR op (add sub mul div maximum minimum)."""
-    shown = name or {v: k for k, v in BINOP.items()}.get(op, op)
-    for v in (a, b):
-        if isinstance(v, list):
-            el.error(at, f"`{shown}` got a list: lists exist only at compile time (use concat)")
-    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        t, s = (a, b) if isinstance(a, Tensor) else (b, a)
-        dtype = S.promote_weak(el.dtype(t), isinstance(s, float))
-        if op == "div" and not S.is_float(dtype):
-            dtype = "f32"
-        c = const(el, s, "f32" if isinstance(s, float) or S.is_float(el.dtype(t)) else "i32", at)
-        a, b = (t, c) if isinstance(a, Tensor) else (c, t)
-        return el.node(op, [a.id, b.id], el.shape(t), dtype, {}, at)
-    try:
-        shape = np.broadcast_shapes(el.shape(a), el.shape(b))
-    except ValueError:
-        el.error(at, f"shape mismatch in `{shown}`: {fmt(el.shape(a))} and {fmt(el.shape(b))} do not broadcast")
-    return el.node(op, [a.id, b.id], shape, S.binary_result(op, el.dtype(a), el.dtype(b)), {}, at)
+    """`a op b` where at least one side is a tensor; op is an elementwise op of the table."""
+    return elementwise(el, op, [a, b], at, name)
 
 
 def matmul(el, a, b, at):
@@ -129,10 +153,7 @@ def matmul(el, a, b, at):
 
 
 def unary(el, op: str, x, at):
-    if isinstance(x, (int, float)) and op != "neg":
-        return fold_unary(el, op, x, at)
-    x = tensor_arg(el, x, op, at)
-    return el.node(op, [x.id], el.shape(x), S.unary_result(op, el.dtype(x)), {}, at)
+    return elementwise(el, op, [x], at)
 
 
 def tensor_arg(el, v, fn: str, at) -> Tensor:
@@ -184,17 +205,13 @@ def _reduce(op):
     return [("x", REQUIRED), ("axis", -1)], run
 
 
-def _binary_fn(op):
-    def run(el, a, at):
-        x, y = a["a"], a["b"]
-        if isinstance(x, (int, float)) and isinstance(y, (int, float)):
-            return max(x, y) if op == "maximum" else min(x, y)
-        return binary(el, op, x, y, at, op)
-    return [("a", REQUIRED), ("b", REQUIRED)], run
+PARAMS = {1: ("x",), 2: ("a", "b"), 3: ("cond", "a", "b")}
 
 
-def _unary_fn(op):
-    return [("x", REQUIRED)], lambda el, a, at: unary(el, op, a["x"], at)
+def _elementwise_fn(op):
+    names = PARAMS[ops.OPS[op].arity]
+    return ([(p, REQUIRED) for p in names],
+            lambda el, a, at: elementwise(el, op, [a[p] for p in names], at, ops.OPS[op].spell))
 
 
 def _cast_fn(to):
@@ -239,7 +256,7 @@ def _concat(el, a, at):
             el.error(at, f"shape mismatch in `concat` along axis {axis}: {fmt(s0)} and {fmt(s)}")
     dtype = el.dtype(xs[0])
     for x in xs[1:]:
-        dtype = S.promote(dtype, el.dtype(x))
+        dtype = ops.promote(dtype, el.dtype(x))
     xs = [cast(el, dtype, x, at) for x in xs]
     shape = list(el.shape(xs[0]))
     shape[axis] = sum(el.shape(x)[axis] for x in xs)
@@ -275,10 +292,8 @@ def _rope(el, a, at):
 
 
 BUILTINS = {
-    **{op: _unary_fn(op) for op in ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu",
-                                    "silu", "gelu", "abs")},
-    **{op: _binary_fn(op) for op in ("maximum", "minimum")},
-    **{op: _reduce(op) for op in ("sum", "max", "mean")},
+    **{sp: _elementwise_fn(op) for sp, op in ops.BUILTIN.items() if op in ops.ELEMENTWISE},
+    **{sp: _reduce(op) for sp, op in ops.BUILTIN.items() if op in ops.REDUCE},
     **{dt: _cast_fn(dt) for dt in S.DTYPES},
     "transpose": ([("x", REQUIRED), ("perm", REQUIRED)], _transpose),
     "reshape": ([("x", REQUIRED), ("shape", REQUIRED)], _reshape),

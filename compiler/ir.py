@@ -4,14 +4,12 @@ back end, GPU baseline) consumes.
 An `IRGraph` wraps a networkx.DiGraph whose nodes are ints (in program order: a node's inputs
 have smaller ids) with one attribute, `n`: a `Node`. Edges go from each input to its user.
 
-Ops (the one list; `Node.attrs` keys in brackets):
+Ops are those of the op table, compiler/ops.py (names, families, dtype and shape rules);
+`Node.attrs` keys:
 
   leaves    input | weight | state  [name]          const [value: np.ndarray of `dtype`]
-  binary    add sub mul div maximum minimum          numpy broadcasting of the two inputs
-  unary     neg exp log sqrt rsqrt tanh sigmoid relu silu gelu abs
   cast      [to] (same as dtype)
-  matmul    2-D [M,K]@[K,N], or a leading batch dim [B,M,K]@[B,K,N] (either side may lack B)
-  reduce    sum max mean  [axis] (non-negative), the axis kept with size 1
+  reduce    [axis] (non-negative), the axis kept with size 1
   shape     transpose [perm]; reshape [shape]; slice [index]: a tuple, one entry per axis of the
             input: (start, stop) keeps the axis, an int drops it; concat [axis] (n inputs)
   masks     causal [offset] (-inf where column > row + offset, last two axes)
@@ -19,10 +17,11 @@ Ops (the one list; `Node.attrs` keys in brackets):
   effects   store [name, index]: inputs (old state version, value); the node is the new state
             version (shape of the whole state); index as for slice, bounds only (no ints)
             output [name]: inputs (value,)
+Elementwise ops, comparisons, `where` (inputs cond, a, b) and matmul have no attributes.
 
-Dtypes are the strings "i8", "i32", "f16", "f32" (and "bf16"). Promotion follows numpy on the
-two tensor dtypes, except that i8 @ i8 is i32, f16 @ f16 is f32, and an integer tensor with a
-float literal (a const of shape ()) is f32. Division of integers gives f32.
+Dtypes are those of isa/dtypes.py. Promotion follows numpy on the two tensor dtypes, except
+that i8 @ i8 is i32, f16 @ f16 is f32, and an integer tensor with a float literal (a const of
+shape ()) is f32. Division of integers gives f32; comparisons give i8 masks (0 or 1).
 """
 from __future__ import annotations
 
@@ -31,15 +30,10 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 
-LEAVES = frozenset({"input", "weight", "state", "const"})
-BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
-UNARY = frozenset({"neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "silu", "gelu", "abs"})
-REDUCE = frozenset({"sum", "max", "mean"})
-SHAPE = frozenset({"transpose", "reshape", "slice", "concat"})
-OTHER = frozenset({"cast", "matmul", "causal", "rope", "store", "output"})
-ALL_OPS = LEAVES | BINARY | UNARY | REDUCE | SHAPE | OTHER
+from lpu.compiler import ops
+from lpu.isa.dtypes import dtype_width
 
-ITEMSIZE = {"i8": 1, "i32": 4, "f16": 2, "f32": 4, "bf16": 2}
+LEAVES = ops.LEAVES
 
 
 @dataclass
@@ -55,7 +49,7 @@ class Node:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * ITEMSIZE[self.dtype]
+        return int(np.prod(self.shape, dtype=np.int64)) * dtype_width(self.dtype)
 
     @property
     def size(self) -> int:
@@ -77,7 +71,7 @@ class IRGraph:
         self.params: dict[str, int] = {}
 
     def add(self, op: str, inputs, shape, dtype: str, attrs=None, line: int = 0, col: int = 0) -> int:
-        assert op in ALL_OPS, op
+        assert op in ops.OPS, op
         nid = self.g.number_of_nodes()
         node = Node(nid, op, tuple(inputs), tuple(int(s) for s in shape), dtype, dict(attrs or {}), line, col)
         self.g.add_node(nid, n=node)

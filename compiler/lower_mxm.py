@@ -19,13 +19,13 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.chains import ChainBuilder
+from lpu.compiler.lower_common import copy
 from lpu.isa import opcodes as O
-from lpu.isa.opcodes import DTYPE_CODE, dtype_width
+from lpu.isa.dtypes import DTYPE_CODE, dtype_width
 
 
 def _as_mxm_dtype(lw, n, nid, target):
     """Grid of operand nid in `target` dtype (converting into a temporary if needed)."""
-    from lpu.compiler.lower_ops import copy
     src = lw.g.node(nid)
     grid = lw.grid[nid]
     if src.dtype == target:

@@ -17,132 +17,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler import lower_mxm
+from lpu.compiler import lower_mxm, movement, ops
+from lpu.compiler.lower_common import (  # noqa: F401 (copy: used by lower.py)
+    copy, imm_bits, lane_step_chain, nv_of, stage, sxm_chain, sxm_vxm_chain, vxm_chain,
+)
 from lpu.compiler.chains import ChainBuilder
-from lpu.compiler.schedule import Ins
-from lpu.compiler.movement import assemble, source_map, transpose_any
 from lpu.isa import opcodes as O
-from lpu.isa.opcodes import DTYPE_CODE, dtype_width
+from lpu.isa import dtypes
+from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
 
-NP_DTYPE = {"i8": np.int8, "i32": np.int32, "f16": np.float16, "f32": np.float32, "bf16": np.float32}
-FLOATS = ("f16", "f32", "bf16")
-UNARY = {"neg": "NEG", "abs": "ABS", "relu": "RELU", "exp": "EXP", "log": "LOG", "sqrt": "SQRT",
-         "rsqrt": "RSQRT", "tanh": "TANH", "sigmoid": "SIGMOID", "silu": "SILU", "gelu": "GELU"}
-BINARY = {"add": "ADD", "sub": "SUB", "mul": "MUL", "div": "DIV", "maximum": "MAX", "minimum": "MIN"}
+NP_DTYPE = dtypes.NP_DTYPE          # (lower.py's constants)
+
 NEG_INF_BITS = int(np.float32(-np.inf).view(np.int32))
-
-
-def imm_bits(value, compute_float: bool) -> int:
-    if compute_float:
-        return int(np.float32(value).view(np.int32))
-    return int(np.clip(int(value), -2**31, 2**31 - 1))
-
-
-def nv_of(shape, lanes, chunk) -> int:
-    c = shape[-1] if shape else 1
-    return max(0, min(lanes, c - chunk * lanes))
-
-
-def vxm_chain(lw, node, op, out_base, out_dt, nv, a=None, b=None, imm=0, bimm=0, cut=0):
-    """One VXM instruction fed from SRAM and written back: a, b are (base slot, dtype) or None.
-    Operands in one vector share one READ; operands on one bank at the same distance cannot
-    be read in one cycle, so b is first copied elsewhere."""
-    c = lw.ctx
-    cb = ChainBuilder(c, node.line, node.id)
-    vpos = c.m.vxm_pos
-    ga = (cb.read(a[0], dtype_width(a[1]), vpos, 0), DTYPE_CODE[a[1]]) if a is not None else None
-    if b is not None and a is not None and b[0] == a[0] and dtype_width(b[1]) == dtype_width(a[1]):
-        gb = (ga[0], DTYPE_CODE[b[1]])
-    else:
-        gb = (cb.read(b[0], dtype_width(b[1]), vpos, 0), DTYPE_CODE[b[1]]) if b is not None else None
-    if cb.mem_conflict():
-        b = _stage(lw, node, b, a)
-        return vxm_chain(lw, node, op, out_base, out_dt, nv, a, b, imm, bimm, cut)
-    go = (cb.write(out_base, dtype_width(out_dt), vpos, c.lat[op]), DTYPE_CODE[out_dt])
-    cb.vxm(op, 0, ga, gb, go, nv=nv, imm=imm, bimm=bimm, cut=cut)
-    lw.chains.append(cb.chain())
-
-
-def _stage(lw, node, v, avoid):
-    """Copy vector v = (base, dtype) to a temporary in other slices than `avoid`'s planes."""
-    w = dtype_width(v[1])
-    nsl = lw.ctx.nslices
-    bad = {(avoid[0] + i) % nsl for i in range(dtype_width(avoid[1]))}
-    grid, region = lw.temp((1, 12 * lw.lanes), v[1])      # 12 vectors: some miss avoid's slices
-    lw.free_temp(region)
-    for base in grid.reshape(-1):
-        if not ({(int(base) + i) % nsl for i in range(w)} & bad):
-            vxm_chain(lw, node, O.VXM_UNARY["CONV"], int(base), v[1], lw.lanes, v)
-            return int(base), v[1]
-    raise AssertionError("no staging slot")
-
-
-def sxm_chain(lw, node, op, src, dst, dtype, param, h=None):
-    """READ -> one SXM op -> WRITE (lane moves that keep the dtype)."""
-    c = lw.ctx
-    h = c.sxm_near(src) if h is None else h
-    spos = c.m.sxm_pos(h)
-    w, dt = dtype_width(dtype), DTYPE_CODE[dtype]
-    # consecutive lane moves through one SXM land in increasing cycles: search from the last
-    # one's cycle, less the chip's width in slack (a hint for speed; any cycle found is valid)
-    cb = ChainBuilder(c, node.line, node.id, hint=(("sxm", h), -c.m.n_positions))
-    gi = cb.read(src, w, spos, 0)
-    go = cb.write(dst, w, spos, c.lat[op])
-    cb.sxm(op, h, 0, (gi, dt), (go, dt), param)
-    lw.chains.append(cb.chain())
-
-
-def sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv):
-    """READ src -> SXM sop -> VXM vop (with `other` read from SRAM) -> WRITE dst."""
-    c = lw.ctx
-    h = c.sxm_near(src)
-    spos, vpos = c.m.sxm_pos(h), c.m.vxm_pos
-    w, dt = dtype_width(dtype), DTYPE_CODE[dtype]
-    cb = ChainBuilder(c, node.line, node.id)
-    ts = -(c.lat[sop] + abs(vpos - spos))          # SXM issue offset; VXM at 0
-    gi = cb.read(src, w, spos, ts)
-    g_s = cb.link(spos, vpos, 0, w)
-    cb.sxm(sop, h, ts, (gi, dt), (g_s, dt), sparam)
-    g_o = cb.read(other[0], dtype_width(other[1]), vpos, 0)
-    if cb.mem_conflict():
-        other = _stage(lw, node, other, (src, dtype))
-        return sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv)
-    go = cb.write(dst, dtype_width(out_dt), vpos, c.lat[vop])
-    cb.vxm(vop, 0, (g_o, DTYPE_CODE[other[1]]), (g_s, dt), (go, DTYPE_CODE[out_dt]), nv=nv)
-    lw.chains.append(cb.chain())
-
-
-def lane_step_chain(lw, node, sop, shifts, src, vop, dst, cdt, out_dt, nv):
-    """One step of a lane reduction, radix len(shifts)+1: the SXM makes the shifted copies of
-    src in one cycle (one queue each), the VXM combines them with src in a small tree fed
-    straight from the streams, and the result is written to dst."""
-    c = lw.ctx
-    h = c.sxm_near(src[0])
-    spos, vpos = c.m.sxm_pos(h), c.m.vxm_pos
-    w, dt = dtype_width(src[1]), DTYPE_CODE[src[1]]
-    cb = ChainBuilder(c, node.line, node.id)
-    ts = -(c.lat[sop] + abs(vpos - spos))          # SXM issue offset; VXM at 0
-    gi = cb.read(src[0], w, spos, ts)
-    terms = [(cb.read(src[0], w, vpos, 0), dt)]
-    for i, k in enumerate(shifts):
-        g = cb.link(spos, vpos, 0, w)
-        cb.ins.append(Ins((c.sxm_q[h][i],), ts, sop, [0, 0, -k], ((0, gi, 0, dt), (1, g, 0, dt))))
-        terms.append((g, dt))
-    off, lat, wc = 0, c.lat[vop], dtype_width(cdt)
-    while len(terms) > 1:
-        nxt = []
-        last = len(terms) <= 2
-        for j in range(0, len(terms) - 1, 2):
-            if last:
-                go = (cb.write(dst, dtype_width(out_dt), vpos, off + lat), DTYPE_CODE[out_dt])
-            else:
-                go = (cb.link(vpos, vpos, off + lat, wc), DTYPE_CODE[cdt])
-            cb.vxm(vop, off, terms[j], terms[j + 1], go, nv=nv if last else c.lanes)
-            nxt.append(go)
-        if len(terms) % 2:
-            raise AssertionError("lane step radix must be a power of two")
-        terms, off = nxt, off + lat
-    lw.chains.append(cb.chain())
 
 
 # ---- elementwise ---------------------------------------------------------------------------
@@ -165,25 +51,18 @@ def _operand(lw, nid, out_shape, out_grid, node):
 def lower_elementwise(lw, n):
     out = lw.grid[n.id]
     lw.pending_free = []
-    ops = [_operand(lw, i, n.shape, out, n) for i in n.inputs]
-    if n.op in BINARY:
-        op = O.VXM_BINARY[BINARY[n.op]]
-    elif n.op in UNARY:
-        op = O.VXM_UNARY[UNARY[n.op]]
-    elif n.op == "cast":
-        op = O.VXM_UNARY["CONV"]
-    else:
-        raise AssertionError(n.op)
-    cfloat = n.dtype in FLOATS or any(o[2] in FLOATS for o in ops)
+    args = [_operand(lw, i, n.shape, out, n) for i in n.inputs]
+    op = O.BY_NAME[ops.OPS[n.op].vxm].code
+    cfloat = n.dtype in FLOATS or any(o[2] in FLOATS for o in args)
     lanes = lw.lanes
     bimm, imm = 0, 0
-    if len(ops) == 2 and ops[1][0] == "imm":
-        bimm, imm = 1, imm_bits(ops[1][1], cfloat)
-    elif len(ops) == 2 and ops[0][0] == "imm":
-        bimm, imm = 2, imm_bits(ops[0][1], cfloat)
+    if len(args) == 2 and args[1][0] == "imm":
+        bimm, imm = 1, imm_bits(args[1][1], cfloat)
+    elif len(args) == 2 and args[0][0] == "imm":
+        bimm, imm = 2, imm_bits(args[0][1], cfloat)
     for idx in np.ndindex(out.shape):
         nv = nv_of(n.shape, lanes, idx[-1])
-        srcs = [(int(o[1][idx]), o[2]) if o[0] == "grid" else None for o in ops]
+        srcs = [(int(o[1][idx]), o[2]) if o[0] == "grid" else None for o in args]
         if bimm == 2:          # imm op b: the tensor goes in field b
             srcs = [None, srcs[1]]
         elif bimm == 1:
@@ -203,16 +82,6 @@ def lower_causal(lw, n):
         cut = max(0, min(lw.lanes, row + off + 1 - idx[-1] * lw.lanes))
         vxm_chain(lw, n, O.MASK, int(out[idx]), n.dtype, nv, (int(src[idx]), lw.g.node(n.inputs[0]).dtype),
                   imm=NEG_INF_BITS, cut=cut)
-
-
-def copy(lw, srcn, src_grid, dst_grid, dtype, node):
-    """Copy (converting to `dtype`) every vector of src_grid into dst_grid."""
-    conv = O.VXM_UNARY["CONV"]
-    src_grid = np.broadcast_to(src_grid, dst_grid.shape)
-    shape = srcn.shape
-    for idx in np.ndindex(dst_grid.shape):
-        vxm_chain(lw, node, conv, int(dst_grid[idx]), dtype, nv_of(shape, lw.lanes, idx[-1]),
-                  (int(src_grid[idx]), srcn.dtype))
 
 
 def lower_store(lw, n):
@@ -238,7 +107,6 @@ def lower_store(lw, n):
 def _store_lanes(lw, n, state, val, rows_grid, bounds, vgrid):
     """A store into part of a chunk: rebuild the touched rows from their old contents (copied
     aside first) and the value (converted to the state's dtype), lane by lane."""
-    from lpu.compiler.movement import assemble
     row_shape = tuple(b - a for a, b in bounds[:-1]) + (state.shape[-1],)
     rshape = tuple(b - a for a, b in bounds)
     start, stop = bounds[-1]
@@ -253,7 +121,7 @@ def _store_lanes(lw, n, state, val, rows_grid, bounds, vgrid):
     vidx = np.arange(int(np.prod(rshape)), dtype=np.int64).reshape(rshape)
     src_in = np.where(inside, 1, 0) * np.ones(row_shape, np.int64)
     src_flat = np.where(inside, np.take(vidx, np.clip(col - start, 0, stop - start - 1), axis=-1), flat_old)
-    assemble(lw, n, ([(old, row_shape, state.dtype), (newv, rshape, state.dtype)],
+    movement.assemble(lw, n, ([(old, row_shape, state.dtype), (newv, rshape, state.dtype)],
                      src_in.reshape(-1), src_flat.reshape(-1)), dst=rows_grid.reshape(old.shape),
              dtype=state.dtype, shape=row_shape)
     lw.free_temp(r1)
@@ -355,22 +223,83 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
     lw.free_temp(r1)
 
 
+# ---- where ---------------------------------------------------------------------------------
+def lower_where(lw, n):
+    """where(c, a, b) per output vector: KEEP(a, c) and DROP(b, c) side by side on two ALUs, their
+    sum (one of them is the zero -0.0, or 0: exact) on a third, in one chain fed from SRAM. A
+    machine with one ALU, or too few streams for the three operands on one diagonal, goes
+    through SRAM temporaries instead (three chains)."""
+    out = lw.grid[n.id]
+    lw.pending_free = []
+    cond, a, b = (_operand(lw, i, n.shape, out, n) for i in n.inputs)
+    assert cond[0] == "grid", "a `where` condition is a tensor"
+    cfloat = n.dtype in FLOATS
+    cdt = "f32" if cfloat else "i32"
+    temps = None
+    for idx in np.ndindex(out.shape):
+        nv = nv_of(n.shape, lw.lanes, idx[-1])
+        c, x, y = ((int(o[1][idx]), o[2]) if o[0] == "grid" else ("imm", imm_bits(o[1], cfloat))
+                   for o in (cond, a, b))
+        if temps is None and not _where_chain(lw, n, int(out[idx]), n.dtype, cdt, nv, c, x, y):
+            temps = [lw.temp(n.shape, cdt) for _ in range(2)]
+        if temps is not None:
+            t1, t2 = (int(t[0][idx]) for t in temps)
+            for op, t, v in (("KEEP", t1, x), ("DROP", t2, y)):
+                imm, bimm, v = (v[1], 2, None) if v[0] == "imm" else (0, 0, v)
+                vxm_chain(lw, n, O.VXM_BINARY[op], t, cdt, lw.lanes, v, c, imm=imm, bimm=bimm)
+            vxm_chain(lw, n, O.VXM_BINARY["ADD"], int(out[idx]), n.dtype, nv, (t1, cdt), (t2, cdt))
+    for r in lw.pending_free + [t[1] for t in temps or ()]:
+        lw.free_temp(r)
+
+
+def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y, staged=0) -> bool:
+    """The one-chain form of lower_where; False when the machine cannot place it."""
+    ctx = lw.ctx
+    if ctx.m.vxm_alus < 2:
+        return False
+    cb = ChainBuilder(ctx, node.line, node.id)
+    vpos = ctx.m.vxm_pos
+    groups = {}
+
+    def read(v):
+        if v[0] == "imm":
+            return None
+        key = (v[0], dtype_width(v[1]))
+        if key not in groups:
+            groups[key] = cb.read(v[0], key[1], vpos, 0)
+        return groups[key], DTYPE_CODE[v[1]]
+
+    gc, gx, gy = read(c), read(x), read(y)
+    if cb.mem_conflict():         # two operands on one bank: copy b, then a, elsewhere
+        i = 2 if y[0] != "imm" and not staged else 1
+        vs = [c, x, y]
+        vs[i] = stage(lw, node, vs[i], [v for j, v in enumerate(vs) if j != i and v[0] != "imm"])
+        return _where_chain(lw, node, out_base, out_dt, cdt, nv, *vs, staged=staged + 1)
+    keep, drop, add = (O.VXM_BINARY[k] for k in ("KEEP", "DROP", "ADD"))
+    lat = ctx.lat[keep]
+    links = [(cb.link(vpos, vpos, lat, dtype_width(cdt)), DTYPE_CODE[cdt]) for _ in range(2)]
+    for op, v, g, t in ((keep, x, gx, links[0]), (drop, y, gy, links[1])):
+        imm, bimm = (v[1], 2) if v[0] == "imm" else (0, 0)
+        cb.vxm(op, 0, g, gc, t, nv=ctx.lanes, imm=imm, bimm=bimm)
+    go = (cb.write(out_base, dtype_width(out_dt), vpos, lat + ctx.lat[add]), DTYPE_CODE[out_dt])
+    cb.vxm(add, lat, links[0], links[1], go, nv=nv)
+    need = {}
+    for d, koff, w in cb.groups:
+        need[(d, koff)] = need.get((d, koff), 0) + w
+    if max(need.values()) > ctx.m.streams_per_direction:
+        return False
+    lw.chains.append(cb.chain())
+    return True
+
+
 # ---- data movement -------------------------------------------------------------------------
 def lower_move(lw, n):
     """slice / concat / reshape that move data between lanes."""
-    assemble(lw, n, source_map(lw, n))
+    movement.assemble(lw, n, movement.source_map(lw, n))
 
 
-def lower_transpose(lw, n):
-    transpose_any(lw, n)
-
-
-def lower_rope(lw, n):
-    from lpu.compiler.movement import rope
-    rope(lw, n)
-
-
-LOWER = {op: lower_elementwise for op in list(UNARY) + list(BINARY) + ["cast"]}
-LOWER.update({"causal": lower_causal, "sum": lower_reduce, "max": lower_reduce, "mean": lower_reduce,
-              "matmul": lower_mxm.lower_matmul, "slice": lower_move, "concat": lower_move,
-              "reshape": lower_move, "transpose": lower_transpose, "rope": lower_rope})
+ROUTINES = {"elementwise": lower_elementwise, "where": lower_where, "causal": lower_causal,
+            "reduce": lower_reduce, "matmul": lower_mxm.lower_matmul, "move": lower_move,
+            "transpose": movement.transpose_any, "rope": movement.rope, "store": lower_store}
+# op -> lowering routine, from the op table: an op with a VXM opcode is elementwise
+LOWER = {d.name: ROUTINES["elementwise" if d.vxm else d.lower] for d in ops.OPS.values() if d.vxm or d.lower}

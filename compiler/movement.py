@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.chains import ChainBuilder
+from lpu.compiler.lower_common import sxm_chain, sxm_vxm_chain, vxm_chain
 from lpu.isa import opcodes as O
-from lpu.isa.opcodes import DTYPE_CODE, dtype_width
+from lpu.isa.dtypes import DTYPE_CODE, dtype_width
 
 
 def source_map(lw, n):
@@ -79,7 +80,6 @@ def assemble(lw, n, smap, dst=None, dtype=None, shape=None):
                         _permute(lw, n, src, int(rows[r, j]), sdt, t)
                         first = False
                     else:
-                        from lpu.compiler.lower_ops import sxm_vxm_chain
                         sxm_vxm_chain(lw, n, O.PERMUTE, t, src, add, (int(rows[r, j]), dtype),
                                       int(rows[r, j]), sdt, dtype, nv)
             if first:   # nothing to copy (an empty vector): write zeros
@@ -87,7 +87,6 @@ def assemble(lw, n, smap, dst=None, dtype=None, shape=None):
 
 
 def _permute(lw, n, src, dst, dtype, table):
-    from lpu.compiler.lower_ops import sxm_chain
     sxm_chain(lw, n, O.PERMUTE, src, dst, dtype, table)
 
 
@@ -161,7 +160,6 @@ def rope_tables(shape, pos, theta):
 def rope(lw, n):
     """out = x * cos + rotate_half(x) * sin, rotate_half by lane assembly (its sign folded into
     the sin table), the products and the sum on the VXM in f32."""
-    from lpu.compiler.lower_ops import vxm_chain
     x = lw.g.node(n.inputs[0])
     HD = x.shape[-1]                      # even: the front end checks it
     idx = np.arange(x.size, dtype=np.int64).reshape(x.shape)

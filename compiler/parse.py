@@ -28,7 +28,7 @@ TOKEN_TEXT = {
     "RPAR": "`)`", "RSQB": "`]`", "RBRACE": "`}`", "LPAR": "`(`", "LSQB": "`[`", "LBRACE": "`{`",
     "COMMA": "`,`", "EQUAL": "`=`", "COLON": "`:`", "RANGE": "`..`", "STORE": "`<-`",
     "NAME": "a name", "INT": "an integer", "FLOAT": "a number", "_NL": "end of line",
-    "ADDOP": "an operator", "MULOP": "an operator", "NEG": "`-`", "$END": "end of file",
+    "ADDOP": "an operator", "MULOP": "an operator", "CMPOP": "an operator", "NEG": "`-`", "$END": "end of file",
     "DOT": "`.`", "SEMICOLON": "`;`",
 }
 
@@ -194,10 +194,13 @@ def _syntax_error(e: UnexpectedInput, src: SourceText, post: _Newlines) -> Sourc
                               f"add `{OPEN[opener.type]}`")
     if tok.type in CLOSE and not [t for t in post.stack if t.type in OPEN]:
         return SourceError.at(src, line, col, f"unmatched closing bracket `{tok}`")
+    if tok.type == "CMPOP" and prev is not None and prev.type in OPERAND_END:
+        return SourceError.at(src, line, col, f"comparisons do not chain: unexpected `{tok}` after a comparison",
+                              "combine two masks instead: (a < b) * (b < c)")
     start = post.stmt_start
     if start is not None and start.type in ("INPUT", "WEIGHT", "STATE"):
         return SourceError.at(src, line, col, STMT_KIND[start.type] + f", found {_tok_text(tok)}")
-    if prev is not None and prev.type in ("ADDOP", "MULOP", "NEG") and tok.type not in OPERAND_START | {"NEG"}:
+    if prev is not None and prev.type in ("ADDOP", "MULOP", "CMPOP", "NEG") and tok.type not in OPERAND_START | {"NEG"}:
         return SourceError.at(src, line, col, f"missing operand after `{prev}`, found {_tok_text(tok)}",
                               "an operator needs a value on each side")
     if prev is not None and prev.type in OPERAND_END and tok.type in OPERAND_START:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import semantics as S
-from lpu.compiler.ir import BINARY, REDUCE, UNARY, IRGraph, Node
+from lpu.compiler.ir import IRGraph, Node
+from lpu.compiler.ops import ELEMENTWISE, REDUCE
 from lpu.isa.errors import LpuError
 
 
@@ -47,14 +48,12 @@ def _eval(n: Node, xs: list[np.ndarray], k_tile: int) -> np.ndarray:
     op, a = n.op, n.attrs
     if op == "const":
         return a["value"]
-    if op in UNARY:
-        return S.unary(op, xs[0], n.dtype)
-    if op in BINARY:
-        return S.binary(op, xs[0], xs[1], n.dtype)
-    if op in REDUCE:
-        return S.reduce(op, xs[0], a["axis"], n.dtype)
     if op == "cast":
         return S.convert(xs[0], n.dtype)
+    if op in ELEMENTWISE:
+        return S.elementwise(op, xs, n.dtype)
+    if op in REDUCE:
+        return S.reduce(op, xs[0], a["axis"], n.dtype)
     if op == "matmul":
         return S.matmul(xs[0], xs[1], n.dtype, k_tile)
     if op in MOVES:

@@ -1,94 +1,49 @@
-"""The one table of op semantics: result dtypes (used by elaboration), numpy formulas, the
-compute dtype, conversion to the destination dtype, and the comparison tolerances. The
-reference interpreter evaluates with these; the emulator implements the same rules.
+"""The numeric rules of the language: compute dtype, conversion to the destination dtype, the
+evaluation of each op family with the formulas of the op table (compiler/ops.py), matmul,
+causal, rope, and the comparison tolerances. The reference interpreter evaluates with these;
+the emulator implements the same rules.
 
 Numeric rules: elementwise ops and reductions compute in f32 when any input or the result is
 a float, else in i32 (wrapping); the result is then converted to its dtype (`convert`).
 matmul rounds float operands to f16 (i8 stays i8), splits K into tiles of `k_tile`, computes
 each tile's dot products in f64 rounded once to f32, and accumulates tiles in f32 in K order
-(i8: exact i32)."""
+(i8: exact i32). bf16 values are held in float32 arrays, rounded to bf16 (nearest even)."""
 from __future__ import annotations
 
 import numpy as np
 
-NP_DTYPE = {"i8": np.int8, "i32": np.int32, "f16": np.float16, "f32": np.float32}
-DTYPES = tuple(NP_DTYPE)
-FLOATS = frozenset({"f16", "f32"})
-INT_RANGE = {"i8": (-128, 127), "i32": (-2**31, 2**31 - 1)}
+from lpu.compiler import ops
+from lpu.isa import dtypes
+from lpu.isa.dtypes import INT_RANGE, NP_DTYPE, is_float
+
+DTYPES = dtypes.DTYPES
+promote, promote_weak = ops.promote, ops.promote_weak      # the dtype rules, for callers
 
 # (atol, rtol) for comparing the emulator (or any implementation of these rules) with the
-# reference: f32 differs by transcendental ulps and summation order; f16 by one rounding step.
-TOLERANCE = {"f32": (1e-4, 1e-3), "f16": (1e-2, 1e-2), "i32": (1, 0), "i8": (1, 0)}
-
-
-def is_float(dtype: str) -> bool:
-    return dtype in FLOATS
+# reference: f32 differs by transcendental ulps and summation order; f16 and bf16 by one
+# rounding step.
+TOLERANCE = {"f32": (1e-4, 1e-3), "f16": (1e-2, 1e-2), "bf16": (2e-2, 2e-2), "i32": (1, 0), "i8": (1, 0)}
 
 
 def _from_np(dt) -> str:
-    dt = np.dtype(dt)
-    if dt.kind == "f":
-        return "f16" if dt.itemsize == 2 else "f32"
-    return "i8" if dt.itemsize == 1 else "i32"
-
-
-def promote(a: str, b: str) -> str:
-    """numpy promotion of two tensor dtypes, with f64 and i64 mapped to f32 and i32."""
-    return _from_np(np.result_type(NP_DTYPE[a], NP_DTYPE[b]))
-
-
-def promote_weak(tensor: str, scalar_is_float: bool) -> str:
-    """A tensor with a scalar literal keeps its dtype, except int tensor with a float -> f32."""
-    return "f32" if scalar_is_float and not is_float(tensor) else tensor
-
-
-# ---- the op table ------------------------------------------------------------------------
-
-def _sigmoid(x):
-    return np.float32(1) / (np.float32(1) + np.exp(-x))
-
-
-def _gelu(x):
-    c, k = np.float32(0.7978845608), np.float32(0.044715)
-    return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + k * x * x * x)))
-
-
-UNARY_FN = {
-    "neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
-    "rsqrt": lambda x: np.float32(1) / np.sqrt(x), "tanh": np.tanh, "sigmoid": _sigmoid,
-    "relu": lambda x: np.maximum(x, x.dtype.type(0)), "silu": lambda x: x * _sigmoid(x),
-    "gelu": _gelu, "abs": np.abs,
-}
-FLOAT_UNARY = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu"})
-BINARY_FN = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-    "maximum": np.maximum, "minimum": np.minimum,
-}
-REDUCE_FN = {"sum": np.sum, "max": np.max, "mean": np.sum}   # mean divides after the sum
+    return ops._np_name(dt)
 
 
 def unary_result(op: str, x: str) -> str:
-    return "f32" if op in FLOAT_UNARY and not is_float(x) else x
+    return ops.result_dtype(op, x)
 
 
 def binary_result(op: str, a: str, b: str) -> str:
-    out = promote(a, b)
-    return "f32" if op == "div" and not is_float(out) else out
+    return ops.result_dtype(op, a, b)
 
 
 def reduce_result(op: str, x: str) -> str:
-    if op == "mean" and not is_float(x):
-        return "f32"
-    return "i32" if op == "sum" and x == "i8" else x
+    return ops.result_dtype(op, x)
 
 
 def matmul_result(a: str, b: str) -> str | None:
     """i8 @ i8 -> i32; floats @ floats -> f32; anything else is not a matmul (None)."""
-    if a == "i8" and b == "i8":
-        return "i32"
-    if is_float(a) and is_float(b):
-        return "f32"
-    return None
+    return ops.result_dtype("matmul", a, b)
 
 
 # ---- numerics ----------------------------------------------------------------------------
@@ -97,11 +52,23 @@ def compute_dtype(dtypes, result: str):
     return np.float32 if any(is_float(d) for d in (*dtypes, result)) else np.int32
 
 
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """Round to bf16 through f32, nearest even (NaN stays NaN), as float32 values."""
+    with np.errstate(over="ignore"):
+        u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    bits[nan] = (u[nan] >> 16) | 0x40
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
 def convert(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Convert to `dtype`: floats by numpy rounding (nearest even); float -> int by rint,
-    NaN -> 0, saturating; int -> int saturating."""
+    """Convert to `dtype`: floats by numpy rounding (nearest even; bf16 through f32); float ->
+    int by rint, NaN -> 0, saturating; int -> int saturating."""
     x = np.asarray(x)
     target = NP_DTYPE[dtype]
+    if dtype == "bf16":
+        return _bf16(x)
     if is_float(dtype):
         with np.errstate(over="ignore"):
             return x.astype(target)
@@ -112,22 +79,23 @@ def convert(x: np.ndarray, dtype: str) -> np.ndarray:
     return np.clip(x, lo, hi).astype(target)
 
 
-def unary(op: str, x: np.ndarray, result: str) -> np.ndarray:
-    ct = compute_dtype([_from_np(x.dtype)], result)
+def elementwise(op: str, xs: list, result: str) -> np.ndarray:
+    """An elementwise op (unary, binary, comparison, where) in its compute dtype, converted to
+    `result`. `where`'s condition is only tested against zero: it does not choose the compute
+    dtype."""
+    vals = xs[1:] if op == "where" else xs
+    ct = compute_dtype([_from_np(x.dtype) for x in vals], result)
+    args = [x.astype(ct) for x in vals]
+    if op == "where":
+        args = [xs[0], *args]
     with np.errstate(all="ignore"):
-        return convert(UNARY_FN[op](x.astype(ct)), result)
-
-
-def binary(op: str, a: np.ndarray, b: np.ndarray, result: str) -> np.ndarray:
-    ct = compute_dtype([_from_np(a.dtype), _from_np(b.dtype)], result)
-    with np.errstate(all="ignore"):
-        return convert(BINARY_FN[op](a.astype(ct), b.astype(ct)), result)
+        return convert(ops.OPS[op].fn(*args), result)
 
 
 def reduce(op: str, x: np.ndarray, axis: int, result: str) -> np.ndarray:
     ct = compute_dtype([_from_np(x.dtype)], result)
     with np.errstate(all="ignore"):
-        r = REDUCE_FN[op](x.astype(ct), axis=axis, keepdims=True).astype(ct)
+        r = ops.OPS[op].fn(x.astype(ct), axis=axis, keepdims=True).astype(ct)
         if op == "mean":
             r = (r / ct(x.shape[axis])).astype(ct)
     return convert(r, result)

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from lpu.compiler.verify_units import check_mxm, check_transposes
 from lpu.isa import opcodes as O
 from lpu.isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM
 from lpu.isa.program import Program
@@ -388,7 +389,6 @@ class Checker:
         return next((i + 1 for i, t in enumerate(self.p.source_lines) if pat.match(t)), 0)
 
     def mxm(self, e):
-        from lpu.compiler.verify_units import check_mxm, check_transposes
         check_mxm(self, e)
         check_transposes(self, e)
 

@@ -1,24 +1,66 @@
 """Jitted number formats and VXM arithmetic (used by emulator/core.py): dtype codes, the
 core's own operation codes, f32 <-> f16/bf16 bit conversions with round-to-nearest-even,
-saturating conversions, and the f32/i32 unary and binary operations of the VXM."""
+saturating conversions, and the f32/i32 unary and binary operations of the VXM.
+
+Numba's cache freezes globals, so the codes here are literals, checked against the opcode and
+dtype tables of isa/ when this module is imported: a table that changes without this file
+changing fails loudly instead of running stale compiled code."""
+import hashlib
+import os
+
 import numpy as np
 from numba import njit
 
+from lpu.isa import dtypes as _dtypes
+
+
+def _drop_stale_core_cache():
+    """Numba's cache is invalidated only by changes to a function's own file, yet core.py's
+    cached machine code embeds this module's functions and constants. When this file changes,
+    drop core.py's cache (in-tree __pycache__, where Numba keeps it for a writable checkout)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cache = os.path.join(here, "__pycache__")
+    with open(os.path.abspath(__file__), "rb") as f:
+        stamp = hashlib.sha256(f.read()).hexdigest()
+    mark = os.path.join(cache, "arith.stamp")
+    try:
+        with open(mark) as f:
+            if f.read() == stamp:
+                return
+    except OSError:
+        pass
+    try:
+        for name in os.listdir(cache):
+            if name.startswith("core.") and name.endswith((".nbi", ".nbc")):
+                os.remove(os.path.join(cache, name))
+        tmp = f"{mark}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(stamp)
+        os.replace(tmp, mark)
+    except OSError:
+        pass        # no in-tree cache (read-only install): nothing stale to drop
+
+
+_drop_stale_core_cache()
+
+# the binary VXM ops are C_ADD .. C_MIN, the unary ones C_NEG .. C_GELU (EXP .. GELU: always f32)
 CORE_OPS = (
     "READ", "WRITE", "GATHER", "SCATTER", "LW", "IW", "ABC", "ACC",
-    "ADD", "SUB", "MUL", "DIV", "MAX", "MIN",
+    "ADD", "SUB", "MUL", "DIV", "MAX", "LT", "LE", "GT", "GE", "EQ", "NE", "KEEP", "DROP", "MIN",
     "NEG", "ABS", "RELU", "CONV", "EXP", "LOG", "SQRT", "RSQRT", "TANH", "SIGMOID", "SILU", "GELU",
     "MASK", "SHIFT", "ROTATE", "PERMUTE", "DISTRIBUTE", "TPIN", "TPOUT",
 )
 (C_READ, C_WRITE, C_GATHER, C_SCATTER, C_LW, C_IW, C_ABC, C_ACC,
- C_ADD, C_SUB, C_MUL, C_DIV, C_MAX, C_MIN,
+ C_ADD, C_SUB, C_MUL, C_DIV, C_MAX, C_LT, C_LE, C_GT, C_GE, C_EQ, C_NE, C_KEEP, C_DROP, C_MIN,
  C_NEG, C_ABS, C_RELU, C_CONV, C_EXP, C_LOG, C_SQRT, C_RSQRT, C_TANH, C_SIGMOID, C_SILU, C_GELU,
  C_MASK, C_SHIFT, C_ROTATE, C_PERMUTE, C_DISTRIBUTE, C_TPIN, C_TPOUT) = range(len(CORE_OPS))
 
-# dtype codes as packed in refs (checked against isa.opcodes.DTYPES by run.py)
+# dtype codes as packed in refs: isa/dtypes.py's table
 DTYPE_NAMES = ("i8", "f16", "i32", "f32", "bf16")
 D_I8, D_F16, D_I32, D_F32, D_BF16 = range(5)
 WIDTH = np.array([1, 2, 4, 4, 2], np.int64)
+if DTYPE_NAMES != _dtypes.DTYPES or tuple(WIDTH) != _dtypes.DTYPE_WIDTH:
+    raise ImportError("emulator/arith.py dtype codes differ from isa/dtypes.py: update both")
 
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -184,6 +226,7 @@ def f32_unary(op, x):
 
 @njit(cache=True, error_model="numpy")
 def f32_binary(op, a, b):
+    one, zero = np.float32(1.0), np.float32(0.0)
     if op == C_ADD:
         return a + b
     if op == C_SUB:
@@ -192,6 +235,22 @@ def f32_binary(op, a, b):
         return a * b
     if op == C_DIV:
         return a / b
+    if op == C_LT:
+        return one if a < b else zero
+    if op == C_LE:
+        return one if a <= b else zero
+    if op == C_GT:
+        return one if a > b else zero
+    if op == C_GE:
+        return one if a >= b else zero
+    if op == C_EQ:
+        return one if a == b else zero
+    if op == C_NE:
+        return one if a != b else zero
+    if op == C_KEEP:
+        return a if b != 0 else np.float32(-0.0)
+    if op == C_DROP:
+        return a if b == 0 else np.float32(-0.0)
     if a != a or b != b:
         return a + b  # NaN
     if op == C_MAX:
@@ -223,6 +282,22 @@ def int_binary(op, a, b):
             return 0
         q = abs(a) // abs(b)
         return wrap32(q if (a < 0) == (b < 0) else -q)
+    if op == C_LT:
+        return 1 if a < b else 0
+    if op == C_LE:
+        return 1 if a <= b else 0
+    if op == C_GT:
+        return 1 if a > b else 0
+    if op == C_GE:
+        return 1 if a >= b else 0
+    if op == C_EQ:
+        return 1 if a == b else 0
+    if op == C_NE:
+        return 1 if a != b else 0
+    if op == C_KEEP:
+        return a if b != 0 else 0
+    if op == C_DROP:
+        return a if b == 0 else 0
     if op == C_MAX:
         return a if a >= b else b
     return a if a <= b else b
@@ -230,11 +305,13 @@ def int_binary(op, a, b):
 
 @njit(cache=True)
 def vxm_compute(op, a, adt, b, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, dst):
-    """One VXM instruction on operand byte planes a, b (b unused for unary ops and MASK)."""
+    """One VXM instruction on operand byte planes a, b (b unused for unary ops and MASK).
+    KEEP and DROP only test b against zero, so b's dtype does not choose the compute dtype."""
     binary = op >= C_ADD and op <= C_MIN
+    select = op == C_KEEP or op == C_DROP
     reads_a = not (binary and bimm == 2)
     reads_b = binary and bimm != 1
-    fl = (is_float(odt) or (reads_a and is_float(adt)) or (reads_b and is_float(bdt))
+    fl = (is_float(odt) or (reads_a and is_float(adt)) or (reads_b and is_float(bdt) and not select)
           or (op >= C_EXP and op <= C_GELU))
     if fl:
         u32[0] = imm & 0xFFFFFFFF
@@ -252,12 +329,19 @@ def vxm_compute(op, a, adt, b, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, 
                 fa[l] = f32_unary(op, fa[l])
         encode_f32(fa, odt, nv, lanes, u32, f32v, dst)
     else:
+        float_b = reads_b and is_float(bdt)          # a float condition of KEEP / DROP
+        if float_b:
+            decode_f32(b, bdt, lanes, f16tab, u32, f32v, fb)
         for l in range(lanes):
             x = decode_int(a, adt, l) if reads_a else np.int64(imm)
             if op == C_MASK:
                 ia[l] = x if l < cut else imm
             elif binary:
-                ia[l] = int_binary(op, x, decode_int(b, bdt, l) if reads_b else np.int64(imm))
+                if float_b:
+                    y = np.int64(1) if fb[l] != 0 else np.int64(0)
+                else:
+                    y = decode_int(b, bdt, l) if reads_b else np.int64(imm)
+                ia[l] = int_binary(op, x, y)
             else:
                 ia[l] = int_unary(op, x)
         encode_int(ia, odt, nv, lanes, dst)

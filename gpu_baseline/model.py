@@ -28,19 +28,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from lpu.compiler.ir import BINARY, LEAVES, REDUCE, UNARY, IRGraph
+from lpu.compiler import ops
+from lpu.compiler.ir import IRGraph
+from lpu.compiler.ops import LEAVES, REDUCE
 from lpu.gpu_baseline.gpus import GpuConfig
 
-ELEMENTWISE = BINARY | UNARY | {"cast", "causal", "rope"}
-VIEWS = frozenset({"reshape", "transpose", "slice", "output"})
-# CUDA-core flops per output element (per input element for reductions). Transcendentals use the
-# SFU at a quarter of the FMA rate, hence 4 (assumption; these kernels are memory-bound anyway).
-FLOPS_PER_ELEMENT = {
-    "add": 1, "sub": 1, "mul": 1, "div": 4, "maximum": 1, "minimum": 1, "neg": 1, "abs": 1,
-    "relu": 1, "cast": 1, "exp": 4, "log": 4, "sqrt": 4, "rsqrt": 4, "tanh": 4, "sigmoid": 6,
-    "silu": 7, "gelu": 10, "causal": 1, "rope": 6, "sum": 1, "max": 1, "mean": 1, "store": 0,
-    "concat": 0,
-}
+# the op table's GPU cost classes (compiler/ops.py)
+ELEMENTWISE = ops.gpu_class("elementwise")
+VIEWS = ops.gpu_class("view")
+# CUDA-core flops per output element (per input element for reductions), from the op table.
+# Transcendentals use the SFU at a quarter of the FMA rate, hence 4 (assumption; these kernels
+# are memory-bound anyway).
+FLOPS_PER_ELEMENT = {d.name: d.flops for d in ops.OPS.values()}
 BOUNDS = ("compute", "hbm", "latency", "launch")
 
 

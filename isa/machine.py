@@ -18,6 +18,7 @@ compute queue (IW, ABC) + one ACC queue, and `sxm_queues` per SXM.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -58,7 +59,6 @@ def _int_field(where: str, key: str, v, low: int) -> int:
 
 
 def _did_you_mean(name: str, known) -> str:
-    import difflib
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
 

@@ -27,20 +27,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lpu.isa import dtypes as _dtypes
 from lpu.isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
 
 NARGS = 6
 
-# dtype codes and widths in bytes (= stream planes / MEM slices a value occupies)
-DTYPES = ("i8", "f16", "i32", "f32", "bf16")
-DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
-DTYPE_WIDTH = (1, 2, 4, 4, 2)
-DT_I8, DT_F16, DT_I32, DT_F32, DT_BF16 = range(5)
-FLOAT_DTYPES = (DT_F16, DT_F32, DT_BF16)
-
-
-def dtype_width(dt: str | int) -> int:
-    return DTYPE_WIDTH[dt if isinstance(dt, int) else DTYPE_CODE[dt]]
+# the dtype table is isa/dtypes.py; its codes and widths, as the encoder, assembler and decoder use them
+DTYPES, DTYPE_CODE, DTYPE_WIDTH = _dtypes.DTYPES, _dtypes.DTYPE_CODE, _dtypes.DTYPE_WIDTH
+DT_I8, DT_F16, DT_I32, DT_F32, DT_BF16 = _dtypes.DT_I8, _dtypes.DT_F16, _dtypes.DT_I32, _dtypes.DT_F32, _dtypes.DT_BF16
+FLOAT_DTYPES = _dtypes.FLOAT_DTYPES
+dtype_width = _dtypes.dtype_width
 
 
 def make_ref(dtype: int, direction: int, stream: int) -> int:
@@ -106,13 +102,18 @@ ACC = _op("ACC", UNIT_MXM, [("acc", I), ("out", R)], "mxm_acc", 0, role=2,
           doc="put accumulator row acc (f32 or i32) on stream out")
 # --- VXM (queue of an ALU); compute in f32 if any operand or the result is a float, else i32
 #     (wrapping; DIV truncates toward zero, x / 0 = 0); EXP .. GELU always compute in f32;
-#     lanes >= nv of the result are 0 -------------------------------------------------------
+#     LT .. NE give 1 or 0; KEEP and DROP compute in f32 if a or the result is a float (b is
+#     only tested against 0 in its own dtype; NaN is non-zero), their zero is -0.0 in f32 so
+#     that x + zero == x for every x; lanes >= nv of the result are 0 ---------------------------
 _BIN = [("a", R), ("b", R), ("out", R), ("nv", I), ("imm", F), ("bimm", I)]
 _UN = [("a", R), ("out", R), ("nv", I)]
 VXM_BINARY = {}
-for _n in ("ADD", "SUB", "MUL", "DIV", "MAX", "MIN"):
+for _n, _doc in (("ADD", "a + b"), ("SUB", "a - b"), ("MUL", "a * b"), ("DIV", "a / b"),
+                 ("MAX", "max(a, b)"), ("MIN", "min(a, b)"), ("LT", "a < b"), ("LE", "a <= b"),
+                 ("GT", "a > b"), ("GE", "a >= b"), ("EQ", "a == b"), ("NE", "a != b"),
+                 ("KEEP", "a if b != 0 else zero"), ("DROP", "a if b == 0 else zero")):
     VXM_BINARY[_n] = _op(_n, UNIT_VXM, _BIN, "vxm_transcendental" if _n == "DIV" else "vxm",
-                         doc="out = a op b; bimm=1: b is imm, bimm=2: a is imm")
+                         doc=f"out = {_doc}; bimm=1: b is imm, bimm=2: a is imm")
 VXM_UNARY = {}
 for _n in ("NEG", "ABS", "RELU", "CONV", "EXP", "LOG", "SQRT", "RSQRT", "TANH", "SIGMOID", "SILU", "GELU"):
     VXM_UNARY[_n] = _op(_n, UNIT_VXM, _UN,

@@ -2,9 +2,9 @@
 
 `programs()` builds a DAG: a few declared tensors, then ops that each draw their inputs from
 the values defined so far (declaring a new weight when no earlier value fits), over the dtypes
-i8, f16, f32, i32 and the ops of the language (elementwise, casts, matmul with valid dtype
-pairs, reductions, slices, concat, transpose, reshape, causal, rope, softmax and layernorm from
-the prelude, stores into a state), with dimensions that are mostly not multiples of the lane
+i8, f16, f32, i32, bf16 and the ops of the language (elementwise, comparisons, `where`, casts,
+matmul with valid dtype pairs, reductions, slices, concat, transpose, reshape, causal, rope,
+softmax and layernorm from the prelude, stores into a state), with dimensions that are mostly not multiples of the lane
 count. The result is a `Dsl`, whose repr is the program text, ready to paste into a .lpu file.
 
 `machines()` derives small configs from isa/machines/tiny.toml: lanes, MEM slices per
@@ -24,12 +24,15 @@ from lpu.isa.machine import MACHINES_DIR, MachineConfig
 
 DIMS = (1, 2, 3, 5, 6, 7, 9, 11, 13, 17, 19, 20, 23)   # few multiples of 4, 8 or 16 lanes
 ROWS = (1, 2, 3, 4, 5)
-DTYPES = ("f16", "f32", "i8", "i32")
+DTYPES = ("f16", "f32", "i8", "i32", "bf16")
 FLOAT_UNARY = ("tanh", "sigmoid", "silu", "gelu")
 SAFE_UNARY = ("relu", "abs", "-")
 POSITIVE_UNARY = ("sqrt", "log", "rsqrt")   # applied to abs(x) + 1
 OPS = ("binary", "binary", "scalar", "unary", "cast", "matmul", "matmul", "reduce", "slice",
-       "concat", "transpose", "reshape", "causal", "softmax", "layernorm", "rope", "store")
+       "concat", "transpose", "reshape", "causal", "softmax", "layernorm", "rope", "store",
+       "compare", "where")
+COMPARE = ("<", "<=", ">", ">=", "==", "!=")
+LITERALS = ("2", "3", "0.5", "1.5", "-1.25")
 
 
 @dataclass
@@ -102,7 +105,7 @@ class _Builder:
             return self.define(expr, S.binary_result(_IR[opn], a[1], b[1]), shape)
         if kind == "scalar":
             a = self.pick()
-            lit = d(st.sampled_from(("2", "3", "0.5", "1.5", "-1.25")))
+            lit = d(st.sampled_from(LITERALS))
             opn = d(st.sampled_from(("+", "-", "*", "/"))) if "." in lit else d(st.sampled_from(("+", "-", "*")))
             dt = S.promote_weak(a[1], "." in lit)
             if opn == "/" and not S.is_float(dt):
@@ -125,10 +128,10 @@ class _Builder:
         if kind == "matmul":
             a = self.pick()
             integer = a[1] == "i8" or (a[1] == "i32" and d(st.booleans()))
-            lhs = a[0] if a[1] in (("i8",) if integer else ("f16", "f32")) else f"{'i8' if integer else 'f16'}({a[0]})"
+            lhs = a[0] if a[1] in (("i8",) if integer else ("f16", "f32", "bf16")) else f"{'i8' if integer else 'f16'}({a[0]})"
             k = a[2][1]
             trans = d(st.booleans())
-            okdt = ("i8",) if integer else ("f16", "f32")
+            okdt = ("i8",) if integer else ("f16", "f32", "bf16")
             want = (lambda v: v[1] in okdt and v[2][1 if trans else 0] == k and v[0] != a[0])
             b = self.pick(want) if d(st.booleans()) else None
             if b is None:
@@ -193,7 +196,43 @@ class _Builder:
             at = d(st.integers(0, extra))
             self.body.append(f"{s}[{at}:{at + r}, :] <- {a[0]}")
             return self.define(f"{s}[0:{r + extra}, :]", a[1], (r + extra, c))
+        if kind == "compare":
+            a = self.pick()
+            opn = d(st.sampled_from(COMPARE))
+            if d(st.booleans()):
+                b = self.broadcast_partner(a)
+                shape = tuple(max(x, y) for x, y in zip(a[2], b[2]))
+                return self.define(f"{a[0]} {opn} {b[0]}", "i8", shape)
+            lit = d(st.sampled_from(LITERALS))
+            expr = f"{a[0]} {opn} {lit}" if d(st.booleans()) else f"{lit} {opn} {a[0]}"
+            return self.define(expr, "i8", a[2])
+        if kind == "where":
+            a = self.pick()
+            c = self.broadcast_partner(a)
+            if d(st.booleans()):       # an inline comparison as the condition
+                c = (f"{c[0]} {d(st.sampled_from(COMPARE))} {d(st.sampled_from(LITERALS))}", "i8", c[2])
+            shape = tuple(max(x, y) for x, y in zip(a[2], c[2]))
+            if d(st.booleans()):
+                lit = d(st.sampled_from(LITERALS))
+                dt = S.promote_weak(a[1], "." in lit)
+                args = [a[0], lit] if d(st.booleans()) else [lit, a[0]]
+            else:
+                b = self.pick(lambda v: v[2] in (a[2], (1, a[2][1]), (a[2][0], 1)) and v is not a) or a
+                dt = S.promote(a[1], b[1])
+                shape = tuple(max(x, y) for x, y in zip(shape, b[2]))
+                args = [a[0], b[0]]
+            return self.define(f"where({c[0]}, {args[0]}, {args[1]})", dt, shape)
         raise AssertionError(kind)
+
+    def broadcast_partner(self, a):
+        """A value whose shape broadcasts with a's (a new weight when none does)."""
+        d = self.draw
+        shapes = [a[2], (1, a[2][1]), (a[2][0], 1)]
+        b = self.pick(lambda v: v[2] in shapes and v is not a)
+        if b is None:
+            self.declare("weight", d(st.sampled_from(DTYPES)), d(st.sampled_from(shapes)))
+            b = self.values[-1]
+        return b
 
 
 _IR = {"+": "add", "-": "sub", "*": "mul", "/": "div", "maximum": "maximum", "minimum": "minimum"}

@@ -1,0 +1,136 @@
+"""Chain builders shared by the lowering routines (lower_ops, lower_mxm, movement): one VXM
+instruction between SRAM reads and a write, one SXM lane move, an SXM move feeding the VXM, a
+step of a lane-reduction tree, and a converting copy. See chains.py for the building blocks."""
+from __future__ import annotations
+
+import numpy as np
+
+from lpu.compiler.chains import ChainBuilder
+from lpu.compiler.schedule import Ins
+from lpu.isa import opcodes as O
+from lpu.isa.dtypes import DTYPE_CODE, dtype_width
+
+
+def imm_bits(value, compute_float: bool) -> int:
+    if compute_float:
+        return int(np.float32(value).view(np.int32))
+    return int(np.clip(int(value), -2**31, 2**31 - 1))
+
+
+def nv_of(shape, lanes, chunk) -> int:
+    c = shape[-1] if shape else 1
+    return max(0, min(lanes, c - chunk * lanes))
+
+
+def vxm_chain(lw, node, op, out_base, out_dt, nv, a=None, b=None, imm=0, bimm=0, cut=0):
+    """One VXM instruction fed from SRAM and written back: a, b are (base slot, dtype) or None.
+    Operands in one vector share one READ; operands on one bank at the same distance cannot
+    be read in one cycle, so b is first copied elsewhere."""
+    c = lw.ctx
+    cb = ChainBuilder(c, node.line, node.id)
+    vpos = c.m.vxm_pos
+    ga = (cb.read(a[0], dtype_width(a[1]), vpos, 0), DTYPE_CODE[a[1]]) if a is not None else None
+    if b is not None and a is not None and b[0] == a[0] and dtype_width(b[1]) == dtype_width(a[1]):
+        gb = (ga[0], DTYPE_CODE[b[1]])
+    else:
+        gb = (cb.read(b[0], dtype_width(b[1]), vpos, 0), DTYPE_CODE[b[1]]) if b is not None else None
+    if cb.mem_conflict():
+        b = stage(lw, node, b, a)
+        return vxm_chain(lw, node, op, out_base, out_dt, nv, a, b, imm, bimm, cut)
+    go = (cb.write(out_base, dtype_width(out_dt), vpos, c.lat[op]), DTYPE_CODE[out_dt])
+    cb.vxm(op, 0, ga, gb, go, nv=nv, imm=imm, bimm=bimm, cut=cut)
+    lw.chains.append(cb.chain())
+
+
+def stage(lw, node, v, avoid):
+    """Copy vector v = (base, dtype) to a temporary in other slices than the planes of `avoid`
+    (a vector, or a list of vectors)."""
+    w = dtype_width(v[1])
+    nsl = lw.ctx.nslices
+    avoid = [avoid] if isinstance(avoid, tuple) else avoid
+    bad = {(x[0] + i) % nsl for x in avoid for i in range(dtype_width(x[1]))}
+    grid, region = lw.temp((1, 12 * lw.lanes), v[1])      # 12 vectors: some miss avoid's slices
+    lw.free_temp(region)
+    for base in grid.reshape(-1):
+        if not ({(int(base) + i) % nsl for i in range(w)} & bad):
+            vxm_chain(lw, node, O.VXM_UNARY["CONV"], int(base), v[1], lw.lanes, v)
+            return int(base), v[1]
+    raise AssertionError("no staging slot")
+
+
+def sxm_chain(lw, node, op, src, dst, dtype, param, h=None):
+    """READ -> one SXM op -> WRITE (lane moves that keep the dtype)."""
+    c = lw.ctx
+    h = c.sxm_near(src) if h is None else h
+    spos = c.m.sxm_pos(h)
+    w, dt = dtype_width(dtype), DTYPE_CODE[dtype]
+    # consecutive lane moves through one SXM land in increasing cycles: search from the last
+    # one's cycle, less the chip's width in slack (a hint for speed; any cycle found is valid)
+    cb = ChainBuilder(c, node.line, node.id, hint=(("sxm", h), -c.m.n_positions))
+    gi = cb.read(src, w, spos, 0)
+    go = cb.write(dst, w, spos, c.lat[op])
+    cb.sxm(op, h, 0, (gi, dt), (go, dt), param)
+    lw.chains.append(cb.chain())
+
+
+def sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv):
+    """READ src -> SXM sop -> VXM vop (with `other` read from SRAM) -> WRITE dst."""
+    c = lw.ctx
+    h = c.sxm_near(src)
+    spos, vpos = c.m.sxm_pos(h), c.m.vxm_pos
+    w, dt = dtype_width(dtype), DTYPE_CODE[dtype]
+    cb = ChainBuilder(c, node.line, node.id)
+    ts = -(c.lat[sop] + abs(vpos - spos))          # SXM issue offset; VXM at 0
+    gi = cb.read(src, w, spos, ts)
+    g_s = cb.link(spos, vpos, 0, w)
+    cb.sxm(sop, h, ts, (gi, dt), (g_s, dt), sparam)
+    g_o = cb.read(other[0], dtype_width(other[1]), vpos, 0)
+    if cb.mem_conflict():
+        other = stage(lw, node, other, (src, dtype))
+        return sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv)
+    go = cb.write(dst, dtype_width(out_dt), vpos, c.lat[vop])
+    cb.vxm(vop, 0, (g_o, DTYPE_CODE[other[1]]), (g_s, dt), (go, DTYPE_CODE[out_dt]), nv=nv)
+    lw.chains.append(cb.chain())
+
+
+def lane_step_chain(lw, node, sop, shifts, src, vop, dst, cdt, out_dt, nv):
+    """One step of a lane reduction, radix len(shifts)+1: the SXM makes the shifted copies of
+    src in one cycle (one queue each), the VXM combines them with src in a small tree fed
+    straight from the streams, and the result is written to dst."""
+    c = lw.ctx
+    h = c.sxm_near(src[0])
+    spos, vpos = c.m.sxm_pos(h), c.m.vxm_pos
+    w, dt = dtype_width(src[1]), DTYPE_CODE[src[1]]
+    cb = ChainBuilder(c, node.line, node.id)
+    ts = -(c.lat[sop] + abs(vpos - spos))          # SXM issue offset; VXM at 0
+    gi = cb.read(src[0], w, spos, ts)
+    terms = [(cb.read(src[0], w, vpos, 0), dt)]
+    for i, k in enumerate(shifts):
+        g = cb.link(spos, vpos, 0, w)
+        cb.ins.append(Ins((c.sxm_q[h][i],), ts, sop, [0, 0, -k], ((0, gi, 0, dt), (1, g, 0, dt))))
+        terms.append((g, dt))
+    off, lat, wc = 0, c.lat[vop], dtype_width(cdt)
+    while len(terms) > 1:
+        nxt = []
+        last = len(terms) <= 2
+        for j in range(0, len(terms) - 1, 2):
+            if last:
+                go = (cb.write(dst, dtype_width(out_dt), vpos, off + lat), DTYPE_CODE[out_dt])
+            else:
+                go = (cb.link(vpos, vpos, off + lat, wc), DTYPE_CODE[cdt])
+            cb.vxm(vop, off, terms[j], terms[j + 1], go, nv=nv if last else c.lanes)
+            nxt.append(go)
+        if len(terms) % 2:
+            raise AssertionError("lane step radix must be a power of two")
+        terms, off = nxt, off + lat
+    lw.chains.append(cb.chain())
+
+
+def copy(lw, srcn, src_grid, dst_grid, dtype, node):
+    """Copy (converting to `dtype`) every vector of src_grid into dst_grid."""
+    conv = O.VXM_UNARY["CONV"]
+    src_grid = np.broadcast_to(src_grid, dst_grid.shape)
+    shape = srcn.shape
+    for idx in np.ndindex(dst_grid.shape):
+        vxm_chain(lw, node, conv, int(dst_grid[idx]), dtype, nv_of(shape, lw.lanes, idx[-1]),
+                  (int(src_grid[idx]), srcn.dtype))
