@@ -22,7 +22,7 @@ DEFAULTS = {
     # binaries and configs
     "instructions": 32_000_000,      # instructions of a program, REPEATs expanded
     "cycles": 2**40,                 # issue cycle of any instruction
-    "sram_addresses": 1 << 26,       # slices x banks x addresses of a machine config
+    "machine_bytes": 1 << 30,        # emulator state of a machine config (SRAM, MXM, streams)
     # .npz inputs
     "npz_bytes": 4 << 30,            # bytes of all arrays of an --inputs file, uncompressed
 }
