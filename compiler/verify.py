@@ -43,7 +43,7 @@ import numpy as np
 from lpu.isa import opcodes as O
 from lpu.isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM
 from lpu.isa.program import Program
-from lpu.isa.validate import program_problems
+from lpu.isa.validate import operand_problems, program_problems
 
 KINDS = ("structure", "operand", "queue", "unit-busy", "bank-conflict", "two-writers", "stream-empty",
          "stream-unread", "sram-live", "mxm-order", "output", "cycles")
@@ -191,6 +191,8 @@ class Checker:
         problems = program_problems(p)
         for i, what in problems:
             self.add("structure", i, what)
+        for i, what in operand_problems(p):
+            self.add("operand", i, what)
         return not problems
 
     def queues(self, e):

@@ -15,7 +15,7 @@ DEFAULTS = {
     "int_bits": 63,                  # |compile-time integer| < 2**int_bits (literals, params, folding)
     "loop_trips": 100_000,           # trips of one `for` loop or list comprehension
     "steps": 2_000_000,              # expressions evaluated while elaborating (loops unrolled)
-    "ir_nodes": 200_000,             # nodes of the IR graph
+    "ir_nodes": 20_000,              # nodes of the IR graph (the bundled programs have at most ~3,000)
     "dim": 2**31 - 1,                # one dimension of a tensor
     "tensor_elements": 2**36,        # elements of one tensor
     "errors": 50,                    # source errors reported (then "and N more")

@@ -14,6 +14,7 @@ import numpy as np
 
 from lpu.isa import opcodes as O
 from lpu.isa.limits import how_to_raise, limit
+from lpu.isa.machine import UNIT_SXM, UNIT_VXM
 from lpu.isa.program import Program, vector_grid
 
 KINDS = ("input", "weight", "state", "output", "const")
@@ -73,6 +74,39 @@ def _symbols(p: Program) -> list[tuple[int, str]]:
                 d = np.asarray(data)
                 out.append((-1, f"{what}: its data is {d.dtype} with {d.size} elements, the shape {list(shape)} "
                                 f"holds {math.prod(shape)} numbers"))
+    return out
+
+
+def operand_problems(p: Program) -> list[tuple[int, str]]:
+    """Operand values the emulator refuses that the field encodings allow: a VXM lane count or
+    immediate selector, an LW conversion, an SXM output of another dtype than its input."""
+    op, args = np.asarray(p.op, np.int64), np.asarray(p.args, np.int64)
+    out = []
+    for code in np.unique(op).tolist():
+        if not 0 <= code < len(O.OPS):
+            continue
+        spec = O.OPS[code]
+        names = [n for n, _ in spec.fields]
+        sel = np.flatnonzero(op == code)
+        checks = []
+        if spec.unit == UNIT_VXM and "nv" in names:
+            nv = args[sel, names.index("nv")]
+            checks.append(((nv < 0) | (nv > p.machine.lanes), lambda i: f"nv = {args[i, names.index('nv')]} lanes, "
+                                                                        f"the machine has {p.machine.lanes}"))
+        if "bimm" in names:
+            b = args[sel, names.index("bimm")]
+            checks.append(((b < 0) | (b > 2), lambda i: f"bimm = {args[i, names.index('bimm')]}, not 0, 1 or 2"))
+        if spec.name == "LW":
+            cvt, dt = args[sel, 2], args[sel, 1] >> 8
+            plane = np.array([q[2] for q in p.machine.queues], np.int64)[np.asarray(p.queue, np.int64)[sel]]
+            checks.append(((cvt != 0) & ((cvt != 1) | (dt != O.DT_I8) | (plane % 2 != 0)),
+                           lambda i: f"cvt = {args[i, 2]}: 0, or 1 to widen an i8 row on an even plane"))
+        if spec.unit == UNIT_SXM and "inp" in names and "out" in names:
+            a, b = args[sel, names.index("inp")] >> 8, args[sel, names.index("out")] >> 8
+            checks.append((a != b, lambda i: "its output's dtype differs from its input's"))
+        for bad, what in checks:
+            for i in sel[bad][:1]:
+                out.append((int(i), f"{spec.name}: {what(int(i))}"))
     return out
 
 

@@ -50,7 +50,8 @@ def _header(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: str):
             else:
                 raise ValueError(f"unsupported .npy version {version}")
             return tuple(shape), np.dtype(dtype), f.tell()
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, TypeError, SyntaxError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 - numpy parses the header text with Python's tokenizer: any failure
+        #                        (ValueError, SyntaxError, tokenize.TokenError, ...) means a bad header
         raise LpuError(f"{path}: member '{info.filename}' is not a valid .npy array ({e})") from None
 
 
