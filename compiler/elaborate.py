@@ -29,6 +29,10 @@ class _Abort(Exception):
     """Evaluation stopped on a value whose error was already reported."""
 
 
+class LimitExceeded(SourceError):
+    """A limit (isa/limits.py) was exceeded: elaboration stops here, not at the next statement."""
+
+
 class _Poison:
     """The value of a name whose definition failed: using it aborts silently."""
 
@@ -81,10 +85,13 @@ class Elaborator:
     def error(self, at, message: str, hint: str = ""):
         raise SourceError.at(self.src, at.line, at.col, message, hint)
 
+    def limit_error(self, at, message: str, hint: str):
+        raise LimitExceeded([self.src.diagnostic(at.line, at.col, message, hint)])
+
     def node(self, op, inputs, shape, dtype, attrs, at) -> Tensor:
         self._check_shape(shape, at)
         if len(self.graph.g) >= self.max_nodes:
-            self.error(at, f"the program unrolls to more than {self.max_nodes:,} IR operations",
+            self.limit_error(at, f"the program unrolls to more than {self.max_nodes:,} IR operations",
                        how_to_raise("ir_nodes"))
         line, col = self.site or (at.line, at.col)
         return Tensor(self.graph.add(op, inputs, shape, dtype, attrs, line, col))
@@ -92,15 +99,15 @@ class Elaborator:
     def _check_shape(self, shape, at):
         for d in shape:
             if d > self.max_dim:
-                self.error(at, f"dimension {d:,} is too large", how_to_raise("dim"))
+                self.limit_error(at, f"dimension {d:,} is too large", how_to_raise("dim"))
         n = math.prod(shape)
         if n > self.max_elems:
-            self.error(at, f"a tensor of shape {fmt(shape)} has {n:,} elements, too many", how_to_raise("tensor_elements"))
+            self.limit_error(at, f"a tensor of shape {fmt(shape)} has {n:,} elements, too many", how_to_raise("tensor_elements"))
 
     def checked_int(self, v, at):
         """`v`, if it is not an integer out of the range of compile-time integers (limit int_bits)."""
         if isinstance(v, int) and not -self.int_max < v < self.int_max:
-            self.error(at, f"integer overflow: a compile-time integer must be below 2**{limit('int_bits')} "
+            self.limit_error(at, f"integer overflow: a compile-time integer must be below 2**{limit('int_bits')} "
                            f"in magnitude, this one has {v.bit_length()} bits", how_to_raise("int_bits"))
         return v
 
@@ -124,6 +131,8 @@ class Elaborator:
                 return self._run(prog)
         except RecursionError:
             raise too_deep(self.user_src) from None
+        except LimitExceeded as e:      # with the errors found before it
+            raise SourceError(self.diags + e.diagnostics) from None
 
     def _run(self, prog: A.Program) -> IRGraph:
         for s in prog.stmts:
@@ -148,6 +157,8 @@ class Elaborator:
         try:
             fn(*args)
             return True
+        except LimitExceeded:
+            raise
         except SourceError as e:
             self.diags.extend(e.diagnostics)
         except _Abort:
@@ -213,7 +224,7 @@ class Elaborator:
 
     def _trips(self, lo, hi, at):
         if hi - lo > self.max_trips:
-            self.error(at, f"the loop runs {hi - lo:,} times, more than {self.max_trips:,}", how_to_raise("loop_trips"))
+            self.limit_error(at, f"the loop runs {hi - lo:,} times, more than {self.max_trips:,}", how_to_raise("loop_trips"))
 
     def _range(self, start, stop, scope) -> tuple[int, int]:
         lo = B.int_arg(self, self.expr(start, scope), "a range bound", start)
@@ -323,10 +334,10 @@ class Elaborator:
         """The value of expression `e`, within the limits on nesting and on elaboration steps."""
         self.steps += 1
         if self.steps > self.max_steps:
-            self.error(e, f"elaboration takes more than {self.max_steps:,} steps (loops and calls unrolled)",
+            self.limit_error(e, f"elaboration takes more than {self.max_steps:,} steps (loops and calls unrolled)",
                        how_to_raise("steps"))
         if self.depth >= self.max_depth:
-            self.error(e, f"nesting too deep: more than {self.max_depth} expressions and inlined calls within "
+            self.limit_error(e, f"nesting too deep: more than {self.max_depth} expressions and inlined calls within "
                           "one another", how_to_raise("nesting"))
         self.depth += 1
         try:
@@ -479,7 +490,7 @@ class Elaborator:
                 self.error(fn, f"function `{fn.name}` does not `return` a value")
             return result
         except SourceError as err:
-            if not prelude:
+            if not prelude or isinstance(err, LimitExceeded):
                 raise
             d = err.diagnostics[0]
             raise SourceError.at(saved[0], call.line, call.col, f"in `{fn.name}`: {d.message}", d.hint) from None

@@ -182,10 +182,14 @@ def _program_mutation(rng, p):
             j = rng.randrange(nf)
             q.args[i, j] = rng.choice([q.args[i, j] + rng.choice([-1, 1]), rng.choice(INTERESTING)])
         return q
-    if kind == 2:      # a REPEAT or NOP count
-        rep = np.flatnonzero((q.op == O.REPEAT) | (q.op == O.NOP))
-        if len(rep):
-            q.args[rng.choice(rep), rng.choice([0, 0, 1])] = rng.choice([0, 1, 2**20, 2**31 - 1, -1])
+    if kind == 2:      # a NOP's count, or a NOP made a REPEAT (the compiler emits none)
+        nops = np.flatnonzero(q.op == O.NOP)
+        if len(nops):
+            i = int(rng.choice(nops))
+            if rng.random() < 0.5:
+                q.op[i] = O.REPEAT
+                q.args[i, 1] = rng.choice([1, 1, 2, 0, 2**20])
+            q.args[i, 0] = rng.choice([0, 1, 2, 2**20, 2**31 - 1, -1])
         return q
     if kind == 3:      # a symbol's shape
         s = rng.choice(q.symbols)

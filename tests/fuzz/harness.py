@@ -22,6 +22,7 @@ class Outcome:
     rc: int              # 0 ok, 2 user error, 1 internal error, -1 over the time limit
     err: str
     seconds: float
+    out: str = ""
 
     @property
     def internal(self) -> bool:
@@ -53,4 +54,4 @@ def run_cli(argv: list, cwd: str, limit_s: float = 0) -> Outcome:
         if limit_s:
             signal.setitimer(signal.ITIMER_REAL, 0)
         os.chdir(old)
-    return Outcome(list(argv), rc, err.getvalue(), time.perf_counter() - t0)
+    return Outcome(list(argv), rc, err.getvalue(), time.perf_counter() - t0, out.getvalue())
