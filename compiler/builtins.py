@@ -4,6 +4,7 @@ builtin functions, and folding of compile-time scalars. Each takes the elaborato
 the ops it adds and the errors it raises."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -234,12 +235,12 @@ def _transpose(el, a, at):
 def _reshape(el, a, at):
     x = tensor_arg(el, a["x"], "reshape", at)
     dims = _int_list(el, a["shape"], "the shape", at)
-    size = int(np.prod(el.shape(x), dtype=np.int64))
+    size = math.prod(el.shape(x))
     if dims.count(-1) == 1:
-        rest = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+        rest = math.prod(d for d in dims if d != -1)
         if rest > 0 and size % rest == 0:
             dims = [size // rest if d == -1 else d for d in dims]
-    if any(d <= 0 for d in dims) or int(np.prod(dims, dtype=np.int64)) != size:
+    if any(d <= 0 for d in dims) or math.prod(dims) != size:
         el.error(at, f"cannot reshape {fmt(el.shape(x))} ({size} elements) to {fmt(dims)}")
     return el.node("reshape", [x.id], tuple(dims), el.dtype(x), {"shape": tuple(dims)}, at)
 

@@ -8,6 +8,7 @@ the enclosing scope (its variable and assignments stay visible after it, as in P
 comprehension binds its variable in a scope of its own. A state name reads its latest version."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from lpu.compiler import ast as A
@@ -15,8 +16,9 @@ from lpu.compiler import builtins as B
 from lpu.compiler.builtins import Tensor, describe, fmt
 from lpu.compiler.errors import SourceError, SourceText, did_you_mean
 from lpu.compiler.ir import IRGraph
-from lpu.compiler.parse import parse
+from lpu.compiler.parse import deep_recursion, parse, too_deep
 from lpu.compiler.semantics import DTYPES
+from lpu.isa.limits import how_to_raise, limit
 
 PRELUDE_PATH = Path(__file__).parent / "prelude.lpu"
 TOP_ONLY = (A.Param, A.Decl, A.FnDef, A.Output)
@@ -25,6 +27,10 @@ STMT_NAME = {A.Param: "`param`", A.Decl: "a declaration", A.FnDef: "`fn`", A.Out
 
 class _Abort(Exception):
     """Evaluation stopped on a value whose error was already reported."""
+
+
+class LimitExceeded(SourceError):
+    """A limit (isa/limits.py) was exceeded: elaboration stops here, not at the next statement."""
 
 
 class _Poison:
@@ -69,14 +75,48 @@ class Elaborator:
         self.calls: list[str] = []               # functions being inlined, outermost first
         self.site: tuple[int, int] | None = None  # call-site position for prelude ops
         self.diags = []
+        # limits (isa/limits.py), read once; `depth` and `steps` count expressions being / evaluated
+        self.max_depth, self.max_steps, self.max_trips = limit("nesting"), limit("steps"), limit("loop_trips")
+        self.max_nodes, self.max_dim, self.max_elems = limit("ir_nodes"), limit("dim"), limit("tensor_elements")
+        self.int_max, self.max_errors = 2 ** limit("int_bits"), limit("errors")
+        self.depth = self.steps = 0
 
     # ---- helpers used by builtins -------------------------------------------------------
     def error(self, at, message: str, hint: str = ""):
         raise SourceError.at(self.src, at.line, at.col, message, hint)
 
+    def limit_error(self, at, message: str, hint: str):
+        raise LimitExceeded([self.src.diagnostic(at.line, at.col, message, hint)])
+
     def node(self, op, inputs, shape, dtype, attrs, at) -> Tensor:
+        self._check_shape(shape, at)
+        if len(self.graph.g) >= self.max_nodes:
+            self.limit_error(at, f"the program unrolls to more than {self.max_nodes:,} IR operations",
+                       how_to_raise("ir_nodes"))
         line, col = self.site or (at.line, at.col)
         return Tensor(self.graph.add(op, inputs, shape, dtype, attrs, line, col))
+
+    def _check_shape(self, shape, at):
+        for d in shape:
+            if d > self.max_dim:
+                self.limit_error(at, f"dimension {d:,} is too large", how_to_raise("dim"))
+        n = math.prod(shape)
+        if n > self.max_elems:
+            self.limit_error(at, f"a tensor of shape {fmt(shape)} has {n:,} elements, too many", how_to_raise("tensor_elements"))
+
+    def checked_int(self, v, at):
+        """`v`, if it is not an integer out of the range of compile-time integers (limit int_bits)."""
+        if isinstance(v, int) and not -self.int_max < v < self.int_max:
+            self.limit_error(at, f"integer overflow: a compile-time integer must be below 2**{limit('int_bits')} "
+                           f"in magnitude, this one has {v.bit_length()} bits", how_to_raise("int_bits"))
+        return v
+
+    def did_you_mean(self, name, candidates) -> str:
+        """A did-you-mean hint, until the error limit is reached (then none: they cost time).
+        `candidates` may be a function that returns them, called only if the hint is made."""
+        if len(self.diags) >= self.max_errors:
+            return ""
+        return did_you_mean(name, candidates() if callable(candidates) else candidates)
 
     def shape(self, t: Tensor) -> tuple:
         return self.graph.node(t.id).shape
@@ -86,6 +126,15 @@ class Elaborator:
 
     # ---- program ------------------------------------------------------------------------
     def run(self, prog: A.Program) -> IRGraph:
+        try:
+            with deep_recursion():
+                return self._run(prog)
+        except RecursionError:
+            raise too_deep(self.user_src) from None
+        except LimitExceeded as e:      # with the errors found before it
+            raise SourceError(self.diags + e.diagnostics) from None
+
+    def _run(self, prog: A.Program) -> IRGraph:
         for s in prog.stmts:
             if isinstance(s, A.FnDef):
                 self._guard(self._define, s)
@@ -93,7 +142,7 @@ class Elaborator:
         self._block(prog.stmts, self.globals, top=True)
         for name, value in sorted(self.overrides.items()):
             if name not in self.graph.params:
-                hint = did_you_mean(name, self.graph.params) or f"params: {', '.join(self.graph.params) or 'none'}"
+                hint = self.did_you_mean(name, self.graph.params) or f"params: {', '.join(self.graph.params) or 'none'}"
                 self.diags.append(self.src.diagnostic(0, 0, f"-p {name}={value}: the program has no `param {name}`", hint))
         if not self.diags and not self.graph.outputs and not self._stored():
             self.diags.append(self.src.diagnostic(0, 0, "the program has no `output` and stores nothing"))
@@ -108,6 +157,8 @@ class Elaborator:
         try:
             fn(*args)
             return True
+        except LimitExceeded:
+            raise
         except SourceError as e:
             self.diags.extend(e.diagnostics)
         except _Abort:
@@ -164,11 +215,16 @@ class Elaborator:
                     if isinstance(b, TOP_ONLY):
                         self.error(b, f"{STMT_NAME[type(b)]} must be at the top level, not in a loop")
                 lo, hi = self._range(s.start, s.stop, scope)
+                self._trips(lo, hi, s)
                 for i in range(lo, hi):
                     self._assign(s.var, i, scope, s)
                     self._block(s.body, scope, top)
             case A.Output():
                 self._output(s, scope)
+
+    def _trips(self, lo, hi, at):
+        if hi - lo > self.max_trips:
+            self.limit_error(at, f"the loop runs {hi - lo:,} times, more than {self.max_trips:,}", how_to_raise("loop_trips"))
 
     def _range(self, start, stop, scope) -> tuple[int, int]:
         lo = B.int_arg(self, self.expr(start, scope), "a range bound", start)
@@ -182,6 +238,7 @@ class Elaborator:
             value = self.overrides[s.name]
             if not isinstance(value, int):
                 self.error(s, f"-p {s.name}={value}: a param override must be an integer")
+            self.checked_int(value, s)
         else:
             value = self.expr(s.value, self.globals)
             if not isinstance(value, int):
@@ -196,7 +253,7 @@ class Elaborator:
         if s.dtype not in DTYPES:
             line, col = s.dtype_pos
             raise SourceError.at(self.src, line, col, f"unknown dtype `{s.dtype}`",
-                                 did_you_mean(s.dtype, DTYPES) or f"dtypes: {', '.join(DTYPES)}")
+                                 self.did_you_mean(s.dtype, DTYPES) or f"dtypes: {', '.join(DTYPES)}")
         dims = []
         for d in s.dims:
             n = B.int_arg(self, self.expr(d, self.globals), "a dimension", d)
@@ -228,7 +285,7 @@ class Elaborator:
         except KeyError:
             if s.name in self.later:
                 self.error(s, f"output `{s.name}` is not assigned before this point")
-            self.error(s, f"unknown output name `{s.name}`", did_you_mean(s.name, scope.names()))
+            self.error(s, f"unknown output name `{s.name}`", self.did_you_mean(s.name, scope.names))
         if value is POISON:
             raise _Abort
         if not isinstance(value, Tensor):
@@ -240,7 +297,7 @@ class Elaborator:
         kind = self.kinds.get(s.name) if s.name not in self._locals(scope) else None
         if kind != "state":
             if kind is None and s.name not in scope.names():
-                self.error(s, f"unknown name `{s.name}`", did_you_mean(s.name, scope.names()))
+                self.error(s, f"unknown name `{s.name}`", self.did_you_mean(s.name, scope.names))
             what = f"{kind} `{s.name}`" if kind else f"`{s.name}`"
             self.error(s, f"cannot store into {what}: `<-` stores only into a declared state")
         old = self.globals.vars[s.name]
@@ -274,9 +331,24 @@ class Elaborator:
 
     # ---- expressions --------------------------------------------------------------------
     def expr(self, e, scope: Scope):
+        """The value of expression `e`, within the limits on nesting and on elaboration steps."""
+        self.steps += 1
+        if self.steps > self.max_steps:
+            self.limit_error(e, f"elaboration takes more than {self.max_steps:,} steps (loops and calls unrolled)",
+                       how_to_raise("steps"))
+        if self.depth >= self.max_depth:
+            self.limit_error(e, f"nesting too deep: more than {self.max_depth} expressions and inlined calls within "
+                          "one another", how_to_raise("nesting"))
+        self.depth += 1
+        try:
+            return self._expr(e, scope)
+        finally:
+            self.depth -= 1
+
+    def _expr(self, e, scope: Scope):
         match e:
             case A.Num():
-                return e.value
+                return self.checked_int(e.value, e)
             case A.Name():
                 return self._name(e, scope)
             case A.BinOp():
@@ -284,7 +356,7 @@ class Elaborator:
                 if e.op == "@":
                     return B.matmul(self, a, b, e)
                 if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-                    return B.fold_binary(self, e.op, a, b, e)
+                    return self.checked_int(B.fold_binary(self, e.op, a, b, e), e)
                 if e.op == "%":
                     self.error(e, "`%` works only on compile-time integers")
                 return B.binary(self, B.BINOP[e.op], a, b, e)
@@ -292,7 +364,7 @@ class Elaborator:
                 v = self.expr(e.operand, scope)
                 if isinstance(v, list):
                     self.error(e, "cannot negate a list")
-                return -v if isinstance(v, (int, float)) else B.unary(self, "neg", v, e)
+                return self.checked_int(-v, e) if isinstance(v, (int, float)) else B.unary(self, "neg", v, e)
             case A.Call():
                 return self._call(e, scope)
             case A.Index():
@@ -310,6 +382,7 @@ class Elaborator:
                 return [self.expr(i, scope) for i in e.items]
             case A.ListComp():
                 lo, hi = self._range(e.start, e.stop, scope)
+                self._trips(lo, hi, e)
                 return [self.expr(e.elt, Scope(scope, {e.var: i})) for i in range(lo, hi)]
         raise AssertionError(e)
 
@@ -319,7 +392,7 @@ class Elaborator:
         except KeyError:
             if e.id in self.fns or e.id in B.BUILTINS:
                 self.error(e, f"`{e.id}` is a function: call it, like `{e.id}(...)`")
-            self.error(e, f"unknown name `{e.id}`", did_you_mean(e.id, scope.names()))
+            self.error(e, f"unknown name `{e.id}`", self.did_you_mean(e.id, scope.names))
         if v is POISON:
             raise _Abort
         return v
@@ -369,7 +442,7 @@ class Elaborator:
         elif e.func in B.BUILTINS:
             spec, handler = B.BUILTINS[e.func]
         else:
-            near = did_you_mean(e.func, [*self.fns, *B.BUILTINS])
+            near = self.did_you_mean(e.func, [*self.fns, *B.BUILTINS])
             self.error(e, f"unknown function `{e.func}`",
                        f"{near} (builtins: docs/language.md)" if near else "the builtins are listed in docs/language.md")
         args = self._bind(e, spec, scope)
@@ -388,7 +461,7 @@ class Elaborator:
         for kw in e.kwargs:
             if kw.name not in names:
                 self.error(kw, f"`{e.func}` has no parameter `{kw.name}`",
-                           did_you_mean(kw.name, names) or f"{e.func}({', '.join(names)})")
+                           self.did_you_mean(kw.name, names) or f"{e.func}({', '.join(names)})")
             if kw.name in args:
                 self.error(kw, f"`{e.func}` got argument `{kw.name}` twice")
             args[kw.name] = self.expr(kw.value, scope)
@@ -419,7 +492,7 @@ class Elaborator:
                 self.error(fn, f"function `{fn.name}` does not `return` a value")
             return result
         except SourceError as err:
-            if not prelude:
+            if not prelude or isinstance(err, LimitExceeded):
                 raise
             d = err.diagnostics[0]
             raise SourceError.at(saved[0], call.line, call.col, f"in `{fn.name}`: {d.message}", d.hint) from None

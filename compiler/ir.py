@@ -96,4 +96,5 @@ class IRGraph:
         return [n for n in self.nodes() if n.op == kind]
 
     def source_lines(self) -> list[str]:
-        return self.source.splitlines()
+        from lpu.compiler.errors import split_lines
+        return split_lines(self.source)

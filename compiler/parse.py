@@ -2,14 +2,16 @@
 SourceErrors with a classification ("missing closing bracket", "missing operator", ...)."""
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 from pathlib import Path
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
 from lpu.compiler import ast as A
 from lpu.compiler.errors import SourceError, SourceText
+from lpu.isa.limits import how_to_raise, limit
 
 OPEN = {"LPAR": ")", "LSQB": "]", "LBRACE": "}"}
 CLOSE = {"RPAR": "LPAR", "RSQB": "LSQB", "RBRACE": "LBRACE"}
@@ -68,9 +70,10 @@ def _pos(tok: Token) -> dict:
 
 @v_args(inline=True, meta=True)
 class _ToAst(Transformer):
-    def __init__(self, origin: str):
+    def __init__(self, origin: str, src: SourceText | None = None):
         super().__init__()
         self.origin = origin
+        self.src = src or SourceText(origin, "")
 
     def start(self, meta, *stmts):
         return A.Program(list(stmts), line=1, col=1)
@@ -123,10 +126,19 @@ class _ToAst(Transformer):
         return A.Attr(value, str(name), **_pos(name))
 
     def int_lit(self, meta, tok):
+        bits = limit("int_bits")
+        # int() of a long digit string is slow (and refused past 4,300 digits): check the length first
+        if len(tok.lstrip("0")) > bits * 0.302 + 1 or int(tok) >= 2**bits:
+            raise SourceError.at(self.src, tok.line, tok.column, f"integer literal too large ({len(tok)} digits): "
+                                 f"compile-time integers are below 2**{bits}", how_to_raise("int_bits"))
         return A.Num(int(tok), **_pos(tok))
 
     def float_lit(self, meta, tok):
-        return A.Num(float(tok), **_pos(tok))
+        value = float(tok)
+        if value == float("inf"):
+            raise SourceError.at(self.src, tok.line, tok.column, f"number literal `{tok}` is too large "
+                                 "(it overflows a 64-bit float)")
+        return A.Num(value, **_pos(tok))
 
     def name(self, meta, tok):
         return A.Name(str(tok), **_pos(tok))
@@ -157,17 +169,70 @@ class _ToAst(Transformer):
 
 
 def parse(text: str, name: str = "<string>") -> A.Program:
-    """Parse source text into a Program; raises SourceError on a syntax error."""
-    parser, post = _parser()
+    """Parse source text into a Program; raises SourceError on a syntax error or a limit
+    (source_bytes, nesting, int_bits: isa/limits.py) exceeded."""
     src = SourceText(name, text)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limit("source_bytes"):
+        raise SourceError([src.diagnostic(0, 0, f"the program is too large: {size:,} bytes",
+                                          how_to_raise("source_bytes"))])
+    parser, post = _parser()
     try:
         tree = parser.parse(text if text.endswith("\n") else text + "\n")
     except UnexpectedInput as e:
         raise _syntax_error(e, src, post) from None
+    check_depth(tree, src)
     try:
-        return _ToAst(name).transform(tree)
-    except VisitError as e:  # pragma: no cover - a transformer bug, not a user error
-        raise e.orig_exc
+        with deep_recursion():
+            return _ToAst(name, src).transform(tree)
+    except VisitError as e:
+        if isinstance(e.orig_exc, RecursionError):
+            raise too_deep(src) from None
+        raise e.orig_exc from None
+    except RecursionError:
+        raise too_deep(src) from None
+
+
+def too_deep(src: SourceText) -> SourceError:
+    return SourceError([src.diagnostic(0, 0, "the program is nested too deeply to compile",
+                                       how_to_raise("nesting") + " (and keep it below the Python recursion limit)")])
+
+
+def check_depth(tree, src: SourceText) -> None:
+    """Refuse a tree nested deeper than limit 'nesting' (iteratively: the transformer and the
+    elaborator recurse, and must stay within the recursion limit deep_recursion() sets)."""
+    most = limit("nesting")
+    stack = [(tree, 1)]
+    while stack:
+        t, d = stack.pop()
+        if d > most:
+            line, col = _where(t)
+            raise SourceError.at(src, line, col, f"nesting too deep: more than {most} expressions and blocks "
+                                 "within one another", how_to_raise("nesting"))
+        stack.extend((c, d + 1) for c in t.children if isinstance(c, Tree))
+
+
+def _where(t) -> tuple[int, int]:
+    meta = t.meta
+    if not getattr(meta, "empty", True):
+        return meta.line, meta.column
+    for c in t.children:
+        if isinstance(c, Token):
+            return c.line, c.column
+    return 0, 0
+
+
+class deep_recursion:
+    """Raise Python's recursion limit while parsing or elaborating a program nested up to limit
+    'nesting' (each level takes a few Python frames); a RecursionError still ends as a limit error."""
+    FRAMES_PER_LEVEL = 40
+
+    def __enter__(self):
+        self.saved = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(self.saved, 2000 + self.FRAMES_PER_LEVEL * limit("nesting")))
+
+    def __exit__(self, *exc):
+        sys.setrecursionlimit(self.saved)
 
 
 def _tok_text(tok) -> str:
@@ -181,7 +246,8 @@ def _tok_text(tok) -> str:
 def _syntax_error(e: UnexpectedInput, src: SourceText, post: _Newlines) -> SourceError:
     if isinstance(e, UnexpectedCharacters):
         ch = src.text[e.pos_in_stream] if e.pos_in_stream < len(src.text) else "?"
-        return SourceError.at(src, e.line, e.column, f"unexpected character `{ch}`")
+        shown = f"`{ch}`" if ch.isprintable() else f"U+{ord(ch):04X}"
+        return SourceError.at(src, e.line, e.column, f"unexpected character {shown}")
     assert isinstance(e, UnexpectedToken)
     tok, prev, expected = e.token, post.prev, set(e.expected)
     line = tok.line if tok.type != "$END" else len(src.lines)

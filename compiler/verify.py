@@ -44,6 +44,7 @@ from lpu.compiler.verify_units import check_mxm, check_transposes
 from lpu.isa import opcodes as O
 from lpu.isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM
 from lpu.isa.program import Program
+from lpu.isa.validate import operand_problems, program_problems
 
 KINDS = ("structure", "operand", "queue", "unit-busy", "bank-conflict", "two-writers", "stream-empty",
          "stream-unread", "sram-live", "mxm-order", "output", "cycles")
@@ -184,7 +185,16 @@ class Checker:
             ok &= not mask.any()
         if np.any(op == O.SYNC) and not np.any((op == O.NOTIFY) & (q == 0)):
             self.add("structure", None, "queues wait in SYNC but the ICU queue has no NOTIFY")
-        return ok
+        if not ok:
+            return False
+        # what the emulator cannot run (symbol layouts and shapes, constants, tables) or that
+        # would be too large to expand: reported here, before the expansion
+        problems = program_problems(p)
+        for i, what in problems:
+            self.add("structure", i, what)
+        for i, what in operand_problems(p):
+            self.add("operand", i, what)
+        return not problems
 
     def queues(self, e):
         key = e.queue * (1 << 40) + e.cycle

@@ -462,8 +462,10 @@ def _check_preamble(data: bytes) -> int:
     return _PREAMBLE + length
 
 
-def decode(data: bytes, machine: MachineConfig | None = None) -> Program:
-    """The Program in `.lpubin` bytes. With `machine`, the binary must have been built for it."""
+def decode(data: bytes, machine: MachineConfig | None = None, validate: bool = True) -> Program:
+    """The Program in `.lpubin` bytes. With `machine`, the binary must have been built for it.
+    With `validate` (the default) its symbols, constants, tables and expanded size are checked
+    too (isa/validate.py): what the emulator and the checker can take; without, only the format."""
     data = bytes(data)
     total = _check_preamble(data)
     truncated = len(data) < total
@@ -483,6 +485,8 @@ def decode(data: bytes, machine: MachineConfig | None = None) -> Program:
         raise
     if truncated:
         raise BinaryError(f"truncated .lpubin: {len(data)} of {total} bytes, cut off in the checksum")
+    if validate:
+        _validate(program)
     return program
 
 
@@ -524,11 +528,21 @@ def _decode_sections(data: bytes, end: int, machine) -> Program:
     if bad:
         raise BinaryError(f"corrupt .lpubin: instruction {bad[0]}: {bad[1]}")
     cycles, source_name, source_lines, params = parts[b"META"]
-    return Program(machine, queue.astype(np.int32), op.astype(np.int32), args.astype(np.int32),
-                   line.astype(np.int32), node.astype(np.int32),
-                   symbols=parts[b"SYMS"], tables=parts[b"TABL"], nodes=nodes,
-                   predicted_cycles=cycles, source_name=source_name, source_lines=source_lines,
-                   params=params)
+    program = Program(machine, queue.astype(np.int32), op.astype(np.int32), args.astype(np.int32),
+                      line.astype(np.int32), node.astype(np.int32),
+                      symbols=parts[b"SYMS"], tables=parts[b"TABL"], nodes=nodes,
+                      predicted_cycles=cycles, source_name=source_name, source_lines=source_lines,
+                      params=params)
+    return program
+
+
+def _validate(program: Program) -> None:
+    """Symbols, constants, tables and the expanded size, before anything is sized from them."""
+    from lpu.isa.validate import program_problems
+    bad = program_problems(program, first_only=True)
+    if bad:
+        i, message = bad[0]
+        raise BinaryError(f"corrupt .lpubin: {f'instruction {i}: ' if i >= 0 else ''}{message}")
 
 
 # ---- files -------------------------------------------------------------------------------------
@@ -547,7 +561,7 @@ def save(program: Program, path: str) -> None:
         raise
 
 
-def load_binary(path: str, machine: MachineConfig | None = None) -> Program:
+def load_binary(path: str, machine: MachineConfig | None = None, validate: bool = True) -> Program:
     """Read a `.lpubin` file; errors name the file."""
     try:
         with open(path, "rb") as f:
@@ -555,6 +569,6 @@ def load_binary(path: str, machine: MachineConfig | None = None) -> Program:
     except OSError as e:
         raise BinaryError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
-        return decode(data, machine)
+        return decode(data, machine, validate)
     except BinaryError as e:
         raise BinaryError(f"{path}: {e.message}") from None

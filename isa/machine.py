@@ -46,6 +46,18 @@ INT_FIELDS = (
 
 
 MAX_FIELD = 1 << 24  # no size or latency is larger; keeps every address and cycle in int32
+# tighter ranges (the emulator sizes its state from them; see emulator_bytes), and the least
+# the compiler needs to place every op kind (found by compiling the bundled programs on smaller
+# configs): 4 MEM slices per hemisphere (a VXM operand staged away from the slices of another
+# needs free slices besides the two operands') and 2 VXM ALUs (a lane-step reduction issues
+# two VXM ops in one cycle)
+FIELD_RANGE = {
+    "clock_mhz": (1, 100_000), "mem_slices_per_hemisphere": (4, 256), "banks_per_slice": (1, 64),
+    "mxm_planes_per_hemisphere": (2, 64), "lw_ports_per_plane": (1, 64), "acc_rows": (1, 65536),
+    "f16_pair_cycles": (1, 64), "vxm_alus": (2, 64), "sxm_queues_per_hemisphere": (1, 64),
+    "icu_skew": (0, 4096),
+}
+MAX_LATENCY = 1024
 
 
 def _int_field(where: str, key: str, v, low: int) -> int:
@@ -95,8 +107,13 @@ class MachineConfig:
                 known = ", ".join(sorted(f[:-5] for f in os.listdir(MACHINES_DIR) if f.endswith(".toml")))
                 raise ConfigError(f"unknown machine '{name_or_path}' (known: {known}; or give a path to a .toml file)")
         try:
+            if os.path.getsize(path) > 1 << 20:
+                raise ConfigError(f"{path}: a machine file is a few hundred bytes of TOML, this one has "
+                                  f"{os.path.getsize(path):,}")
             with open(path, "rb") as f:
                 data = tomllib.load(f)
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: not UTF-8 text (byte {e.start})") from None
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such machine file") from None
         except OSError as e:
@@ -146,6 +163,14 @@ class MachineConfig:
 
     def _validate(self):
         w = self.source
+        for k, (lo, hi) in FIELD_RANGE.items():
+            if not lo <= getattr(self, k) <= hi:
+                why = {"mem_slices_per_hemisphere": " (the compiler needs free slices to stage operands)",
+                       "vxm_alus": " (the compiler issues two VXM ops in one cycle)"}.get(k, "")
+                raise ConfigError(f"{w}: field '{k}' must be in {lo}..{hi:,}, got {getattr(self, k):,}{why}")
+        for k, v in self.latency.items():
+            if v > MAX_LATENCY:
+                raise ConfigError(f"{w}: field 'latency.{k}' must be at most {MAX_LATENCY}, got {v:,}")
         if self.lanes > 4096:
             raise ConfigError(f"{w}: lanes ({self.lanes}) must be at most 4096")
         if self.streams_per_direction < 8:
@@ -157,6 +182,19 @@ class MachineConfig:
             raise ConfigError(f"{w}: field 'mxm_planes_per_hemisphere' must be even (f16 uses plane pairs)")
         if self.acc_rows < 1 or self.lw_ports_per_plane > self.lanes:
             raise ConfigError(f"{w}: field 'lw_ports_per_plane' must be at most the lane count")
+        from lpu.isa.limits import how_to_raise, limit
+        if self.emulator_bytes() > limit("machine_bytes"):
+            raise ConfigError(f"{w}: the machine is too large to emulate: its SRAM, MXM and stream state take "
+                              f"{self.emulator_bytes():,} bytes; {how_to_raise('machine_bytes')}")
+
+    def emulator_bytes(self) -> int:
+        """About how many bytes the emulator's state for this machine takes (emulator/core.py)."""
+        lanes, planes = self.lanes, self.mxm_planes
+        ring = 64
+        while ring < 2 * (self.n_positions + max(self.latency.values()) + 1):
+            ring *= 2
+        return (self.sram_bytes + planes * lanes * lanes * 10 + planes * self.acc_rows * (lanes * 4 + 16)
+                + planes * 32 * lanes * 8 + 8 * lanes * lanes + 2 * self.streams_per_direction * ring * (24 + lanes))
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}

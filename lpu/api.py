@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
 
@@ -16,6 +15,7 @@ from lpu.compiler.ir import IRGraph
 from lpu.isa.errors import LpuError
 from lpu.isa.machine import MachineConfig
 from lpu.isa.program import Program
+from lpu.outputs import write_atomic
 
 
 def machine_of(name_or_path: str | MachineConfig | None) -> MachineConfig:
@@ -24,22 +24,26 @@ def machine_of(name_or_path: str | MachineConfig | None) -> MachineConfig:
     return MachineConfig.load(name_or_path or "tsp-v1")
 
 
-def compile(path: str, params: dict | None = None, machine=None, stats: CompileStats | None = None
-            ) -> tuple[Program, IRGraph | None]:
-    """Compile a .lpu file, or load a .lpubin (whose graph is rebuilt from its embedded source
-    with the params it was compiled with; `params` given for a binary must agree with those)."""
+def compile(path: str, params: dict | None = None, machine=None, stats: CompileStats | None = None,
+            graph: bool = True) -> tuple[Program, IRGraph | None]:
+    """Compile a .lpu file, or load a .lpubin (whose graph is rebuilt from its embedded source,
+    with the params it was compiled with, only if `graph`: elaborating it is work the binary does
+    not need, done within the limits). `params` given for a binary must agree with its own."""
     m = machine_of(machine)
     if path.endswith(".lpubin") or _starts_with_magic(path):
         from lpu.isa.encoding import load_binary
         prog = load_binary(path, m if machine is not None else None)
         check_binary_params(prog, params or {}, path)
-        return prog, graph_of_binary(prog)
+        return prog, (graph_of_binary(prog) if graph else None)
     if not os.path.exists(path):
         raise LpuError(f"{path}: no such file")
     if os.path.isdir(path):
         raise LpuError(f"{path}: is a directory, not a .lpu program")
     if path.endswith((".s", ".asm")):
         raise LpuError(f"{path}: looks like assembly text; turn it into a binary first: lpu asm {path} -o PROG.lpubin")
+    from lpu.isa.limits import how_to_raise, limit
+    if os.path.isfile(path) and os.path.getsize(path) > limit("source_bytes"):
+        raise LpuError(f"{path}: the program is too large: {os.path.getsize(path):,} bytes; {how_to_raise('source_bytes')}")
     try:
         return compile_file(path, params or {}, m, stats)
     except UnicodeDecodeError as e:
@@ -172,57 +176,12 @@ def _dt_name(a) -> str:
             np.dtype(np.int32): "i32"}.get(np.asarray(a).dtype, "f32")
 
 
-def write_atomic(path: str, write) -> None:
-    """Call write(tmp_path), then rename onto `path`: nothing half-written is ever left."""
-    d = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise LpuError(f"{path}: is a directory; give a file name to write")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=d)
-    except OSError as e:
-        raise LpuError(f"{path}: cannot write: {e.strerror or e} ({d})") from None
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, _new_file_mode(path))
-        os.replace(tmp, path)
-    except OSError as e:
-        _remove(tmp)
-        raise LpuError(f"{path}: cannot write: {e.strerror or e}") from None
-    except BaseException:
-        _remove(tmp)
-        raise
-
-
-def _new_file_mode(path: str) -> int:
-    """The mode `open(path, "w")` would give: the existing file's, else 0o666 less the umask."""
-    try:
-        return os.stat(path).st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
-def _remove(tmp: str) -> None:
-    try:
-        os.unlink(tmp)
-    except OSError:
-        pass
-
-
-def load_npz(path: str) -> dict:
-    """The arrays of an .npz file by name, or an LpuError saying why it cannot be read."""
-    import zipfile
-    if not os.path.isfile(path):
-        raise LpuError(f"{path}: no such file")
-    if not zipfile.is_zipfile(path):
-        raise LpuError(f"{path}: not an .npz file (write one with numpy.savez(path, name=array, ...))")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise LpuError(f"{path}: a damaged .npz file ({e})") from None
+def load_npz(path: str, prog: Program | None = None) -> dict:
+    """The arrays of an .npz file by name, or an LpuError saying why they cannot be read. With
+    `prog`, each array's name, shape and dtype are checked against the tensors it declares from
+    the .npy headers, before any array is loaded (lpu/npz.py)."""
+    from lpu.npz import load_npz as load
+    return load(path, prog)
 
 
 __all__ = ["compile", "run", "check", "inputs_for", "machine_of", "write_atomic", "compile_source"]

@@ -120,9 +120,9 @@ def cmd_run(a):
     progress = Progress.for_args(a)
     t0 = time.perf_counter()
     with progress.stage(f"compiling {a.program}"):
-        prog, graph = api.compile(a.program, parse_params(a.params), a.machine)
+        prog, graph = api.compile(a.program, parse_params(a.params), a.machine, graph=a.check)
     compile_s = time.perf_counter() - t0
-    given = api.load_npz(a.inputs) if a.inputs else {}
+    given = api.load_npz(a.inputs, prog) if a.inputs else {}
     values = api.inputs_for(graph, prog, a.seed, given, f"--inputs {a.inputs}")
     t0 = time.perf_counter()
     with progress.stage(f"emulating {prog.predicted_cycles:,} cycles"):
@@ -212,23 +212,11 @@ def cmd_asm(a):
     return 0
 
 
-OUTPUT_ARGS = ("output", "save", "trace", "plot")
-INPUT_ARGS = ("program", "binary", "source", "inputs", "machine", "gpu")
-
-
 def _check_outputs(a):
-    """Before any work: every output file can be written and is none of the inputs."""
-    inputs = [p for p in (getattr(a, k, None) for k in INPUT_ARGS) if isinstance(p, str) and os.path.isfile(p)]
-    for k in OUTPUT_ARGS:
-        out = getattr(a, k, None)
-        if not isinstance(out, str):
-            continue
-        if os.path.isdir(out):
-            raise LpuError(f"{out}: is a directory; give a file name to write")
-        if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
-            raise LpuError(f"{out}: cannot write: directory {os.path.dirname(out) or '.'} does not exist")
-        if os.path.exists(out) and any(os.path.samefile(out, p) for p in inputs):
-            raise LpuError(f"{out}: is also an input of this command; write the output to another file")
+    """Before any work: every output file can be written, is none of the inputs, and no two
+    options name one file (lpu/outputs.py)."""
+    from lpu.outputs import check_outputs
+    check_outputs(a)
 
 
 def main(argv=None) -> int:

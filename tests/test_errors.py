@@ -177,7 +177,101 @@ CASES = [
          ["error: no/dir/p.lpubin: cannot write: directory no/dir does not exist"]),
     Case("output is an input", src("output x\n"), ["compile", "p.lpu", "-o", "p.lpu"],
          ["error: p.lpu: is also an input of this command"]),
+    Case("output path empty", src("output x\n"), ["compile", "p.lpu", "-o", ""], ["error: -o '': an empty path"]),
+    Case("two outputs, one file", {"m.lpu": MLP}, ["run", "m.lpu", *SMALL, "--save", "o.npz", "--trace", "./o.npz"],
+         ["error: --trace ./o.npz and --save o.npz name the same file"]),
+    # 7. limits and adversarial inputs (issue 18): each a clear error, fast, in little memory
+    Case("nesting: a long sum", src("y = " + " + ".join(["x"] * 600) + "\noutput y\n"), ["compile", "p.lpu"],
+         ["p.lpu:4:", "error: nesting too deep: more than 500", "LPU_LIMIT_NESTING"]),
+    Case("nesting: chained functions", src("".join(f"fn g{i}(a) {{ return g{i + 1}(a) }}\n" for i in range(600))
+                                           + "fn g600(a) { return a }\noutput y = g0(x)\n"), ["compile", "p.lpu"],
+         ["error: nesting too deep: more than 500 expressions and inlined calls"]),
+    Case("literal too large", src("param P = " + "9" * 4301 + "\noutput x\n"), ["compile", "p.lpu"],
+         ["p.lpu:4:11: error: integer literal too large (4301 digits)", "LPU_LIMIT_INT_BITS"]),
+    Case("integer overflow", src("param P = 10000000000 * 10000000000\noutput x\n"), ["compile", "p.lpu"],
+         ["p.lpu:4:23: error: integer overflow: a compile-time integer must be below 2**63"]),
+    Case("-p out of range", src("output x\n"), ["compile", "p.lpu", "-p", "D=" + "1" * 30],
+         ["p.lpu:1:7: error: integer overflow"]),
+    Case("loop too long", src("for i in 0..1000000 { y = x }\noutput y\n"), ["compile", "p.lpu"],
+         ["p.lpu:4:5: error: the loop runs 1,000,000 times, more than 100,000", "LPU_LIMIT_LOOP_TRIPS"]),
+    Case("comprehension too long", src("z = [x for i in 0..10000000]\noutput x\n"), ["compile", "p.lpu"],
+         ["p.lpu:4:5: error: the loop runs 10,000,000 times"]),
+    Case("too many IR nodes", src("for i in 0..300 { for j in 0..100 { y = x + x } }\noutput y\n"), ["compile", "p.lpu"],
+         ["error: the program unrolls to more than 20,000 IR operations"]),
+    Case("dimension too large", src("input z : f32[4, 2147483648]\noutput z\n"), ["compile", "p.lpu"],
+         ["p.lpu:4:1: error: dimension 2,147,483,648 is too large"]),
+    Case("errors capped", src("".join(f"a{i} = b{i}\n" for i in range(80)) + "output x\n"), ["compile", "p.lpu"],
+         ["p.lpu:4:6: error: unknown name `b0`", "... and 30 more errors", "LPU_LIMIT_ERRORS"]),
+    Case("echoed line with a form feed", src("z = x\x0c\x0c + 1\ny = exp(xx)\noutput y\n"), ["compile", "p.lpu"],
+         ["p.lpu:5:9: error: unknown name `xx`", "    y = exp(xx)\n            ^"]),
+    Case("REPEAT expands too far", {"b.lpubin": lambda b: _binary("repeat")}, ["run", "b.lpubin"],
+         ["error: b.lpubin: corrupt .lpubin: instruction", "REPEATs are expanded", "LPU_LIMIT_INSTRUCTIONS"]),
+    Case("symbol larger than SRAM", {"b.lpubin": lambda b: _binary("shape")}, ["verify", "b.lpubin"],
+         ["error: b.lpubin: corrupt .lpubin: symbol 'x' of shape [65536, 32768] needs more SRAM than machine 'tiny' has"]),
+    Case("symbol layout mismatched", {"b.lpubin": lambda b: _binary("layout")}, ["verify", "b.lpubin"],
+         ["error: b.lpubin: corrupt .lpubin: symbol 'x': layout 'banks' has shape"]),
+    Case("constant not its shape", {"b.lpubin": lambda b: _binary("const")}, ["run", "b.lpubin"],
+         ["error: b.lpubin: corrupt .lpubin: symbol", "its data is"]),
+    Case("config: too few slices", {"m.toml": TINY_TOML.replace("mem_slices_per_hemisphere = 8", "mem_slices_per_hemisphere = 2")},
+         ["compile", "p.lpu", "--machine", "m.toml"],
+         ["error: m.toml: field 'mem_slices_per_hemisphere' must be in 4..256, got 2 (the compiler needs free slices"]),
+    Case("config: one VXM ALU", {"m.toml": TINY_TOML.replace("vxm_alus = 4", "vxm_alus = 1")},
+         ["compile", "p.lpu", "--machine", "m.toml"], ["error: m.toml: field 'vxm_alus' must be in 2..64, got 1"]),
+    Case("config: huge latency", {"m.toml": TINY_TOML.replace("mxm_abc = 3", "mxm_abc = 16777216")},
+         ["compile", "p.lpu", "--machine", "m.toml"], ["error: m.toml: field 'latency.mxm_abc' must be at most 1024"]),
+    Case("config: huge SRAM", {"m.toml": TINY_TOML.replace("addresses_per_bank = 4096", "addresses_per_bank = 16777216")},
+         ["compile", "p.lpu", "--machine", "m.toml"], ["error: m.toml: the machine is too large to emulate", "LPU_LIMIT_MACHINE_BYTES"]),
+    Case("config: not UTF-8", {"m.toml": TINY_TOML.encode().replace(b"tiny", b"t\xffny", 1)},
+         ["compile", "p.lpu", "--machine", "m.toml"], ["error: m.toml: not valid TOML: not UTF-8 text"]),
+    Case("inputs: header claims 10^12 elements", {"m.lpu": MLP, "in.npz": lambda b: raw_npz(x=lying_npy((10**12,)))},
+         ["run", "m.lpu", *SMALL, "--inputs", "in.npz"], ["error: in.npz: 'x' is damaged: its header says [1000000000000]"]),
+    Case("inputs: undeclared big member", {"m.lpu": MLP, "in.npz": lambda b: raw_npz(big=lying_npy((10**6, 1000)))},
+         ["run", "m.lpu", *SMALL, "--inputs", "in.npz"], ["error: --inputs in.npz has 'big', which the program does not declare"]),
+    Case("inputs: a pickle", {"m.lpu": MLP, "in.npz": lambda b: raw_npz(x=pickled_npy())},
+         ["run", "m.lpu", *SMALL, "--inputs", "in.npz"], ["error: in.npz: 'x' holds Python objects"]),
+    Case("inputs: /dev/null", {"m.lpu": MLP}, ["run", "m.lpu", *SMALL, "--inputs", "/dev/null"],
+         ["error: /dev/null: not an .npz file (not a regular file"]),
 ]
+
+
+def raw_npz(**members: bytes) -> bytes:
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in members.items():
+            z.writestr(name + ".npy", data)
+    return buf.getvalue()
+
+
+def lying_npy(shape) -> bytes:
+    from tests.fuzz.cases import _lying_npy
+    return _lying_npy(shape)
+
+
+def pickled_npy() -> bytes:
+    from tests.fuzz.cases import _npy
+    return _npy(np.array([{"a": 1}], dtype=object))
+
+
+def _binary(kind: str) -> bytes:
+    """The small mlp binary for tiny with one part made invalid (all with valid checksums)."""
+    import dataclasses
+    from lpu.isa import opcodes as O
+    from tests.fuzz.cases import _copy, compiled, encode
+    p = _copy(compiled("attention_decode.lpu" if kind == "const" else "mlp.lpu"))
+    x = next(s for s in p.symbols if s.name == "x")
+    if kind == "repeat":        # a NOP after a unit instruction becomes REPEAT n=2**31-1 d=1
+        i = next(i for i in np.flatnonzero(p.op == O.NOP) if p.queue[i - 1] == p.queue[i] and p.op[i - 1] > O.NOTIFY)
+        p.op[i], p.args[i, :2] = O.REPEAT, (2**31 - 1, 1)
+    elif kind == "shape":
+        x.shape = (65536, 32768)
+    elif kind == "layout":
+        x.banks = x.banks[:-1]
+    else:
+        c = next(s for s in p.symbols if s.kind == "const")
+        c.data = np.concatenate([np.asarray(c.data).reshape(-1)] * 2)
+    return encode(dataclasses.replace(p))
 
 
 def _write(tmp_path, files, binaries):
@@ -304,3 +398,31 @@ def test_successful_write_replaces_and_keeps_mode(tmp_path, monkeypatch, capsys)
     assert (tmp_path / "out.lpubin").read_bytes().startswith(MAGIC)
     assert os.stat(tmp_path / "out.lpubin").st_mode & 0o777 == 0o644
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.lpubin", "p.lpu"]
+
+
+# ---- 8. outputs that are not regular files: followed or written in place, never replaced -----------------------
+def test_output_through_a_link_writes_its_target(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.lpu").write_text(HEAD + "output x\n")
+    (tmp_path / "target.lpubin").write_bytes(OLD)
+    os.symlink("target.lpubin", tmp_path / "link.lpubin")
+    assert _lpu(capsys, ["compile", "p.lpu", "--machine", "tiny", "-o", "link.lpubin"])[0] == 0
+    assert os.path.islink(tmp_path / "link.lpubin")
+    assert (tmp_path / "target.lpubin").read_bytes().startswith(MAGIC)
+
+
+def test_output_to_a_fifo_and_a_device_is_written_in_place(tmp_path, monkeypatch, capsys):
+    import stat
+    import threading
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.lpu").write_text(HEAD + "output x\n")
+    os.mkfifo(tmp_path / "fifo")
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(tmp_path / "fifo", "rb").read()))
+    reader.start()
+    assert _lpu(capsys, ["compile", "p.lpu", "--machine", "tiny", "-o", "fifo"])[0] == 0
+    reader.join(10)
+    assert got and got[0].startswith(MAGIC) and stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode)
+    before = os.stat("/dev/null")
+    assert _lpu(capsys, ["compile", "p.lpu", "--machine", "tiny", "-o", "/dev/null"])[0] == 0
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and os.stat("/dev/null").st_ino == before.st_ino

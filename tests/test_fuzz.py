@@ -218,3 +218,56 @@ def test_gpu_loader_on_mutated_toml(tmp_path_factory, case):
 @given(mutated_tables(GPU_TOMLS))
 def test_gpu_loader_on_mutated_fields(data):
     allowed(gpu_from_dict, data, "fuzz.toml")
+
+
+# ---- the `lpu` command on fuzz cases (tests/fuzz/cases.py; the long run: tests/fuzz/long.py) ---------------
+# Each case is made from a seed; every command must end in 0 or 2 (a clear error), never 1 (an internal
+# error) and never past the harness' time limit (-1).
+from tests.fuzz import cases as FC          # noqa: E402
+from tests.fuzz.harness import run_cli      # noqa: E402
+
+SEEDS = st.integers(0, 2**32 - 1)
+CASE_LIMIT_S = 60          # generous: a hang, not a slow shared machine, is what this catches
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fuzzcli")
+    (d / "mlp.lpu").write_text(FC.programs()["mlp.lpu"])
+    assert run_cli(["compile", "mlp.lpu", "--machine", "tiny", "-o", "mlp.lpubin"], str(d)).rc == 0
+    return d
+
+
+def _no_internal_error(o):
+    assert o.rc in (0, 2), f"lpu {' '.join(o.argv)}: exit {o.rc} after {o.seconds:.1f} s\n{o.err}"
+    assert o.rc == 0 or o.err.strip(), "a refusal without a message"
+
+
+@given(SEEDS)
+def test_cli_on_fuzzed_programs(workdir, seed):
+    import random
+    _, text = FC.program_case(random.Random(f"program-{seed}"))
+    (workdir / "p.lpu").write_text(text, errors="surrogatepass")
+    _no_internal_error(run_cli(["compile", "p.lpu", "--machine", "tiny"], str(workdir), CASE_LIMIT_S))
+
+
+@given(SEEDS)
+def test_cli_on_fuzzed_binaries(workdir, seed):
+    import random
+    (workdir / "b.lpubin").write_bytes(FC.binary_case(random.Random(f"binary-{seed}")))
+    for cmd in ("disasm", "verify", "run"):
+        _no_internal_error(run_cli([cmd, "b.lpubin"], str(workdir), CASE_LIMIT_S))
+
+
+@given(SEEDS)
+def test_cli_on_fuzzed_machine_configs(workdir, seed):
+    import random
+    (workdir / "m.toml").write_bytes(FC.config_case(random.Random(f"config-{seed}")))
+    _no_internal_error(run_cli(["run", "mlp.lpu", "--machine", "m.toml"], str(workdir), CASE_LIMIT_S))
+
+
+@given(SEEDS)
+def test_cli_on_fuzzed_npz_inputs(workdir, seed):
+    import random
+    (workdir / "in.npz").write_bytes(FC.npz_case(random.Random(f"npz-{seed}"), FC.compiled("mlp.lpu")))
+    _no_internal_error(run_cli(["run", "mlp.lpubin", "--inputs", "in.npz"], str(workdir), CASE_LIMIT_S))
