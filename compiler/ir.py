@@ -31,6 +31,7 @@ import networkx as nx
 import numpy as np
 
 from lpu.compiler import ops
+from lpu.compiler.errors import split_lines
 from lpu.isa.dtypes import dtype_width
 
 LEAVES = ops.LEAVES
@@ -96,5 +97,4 @@ class IRGraph:
         return [n for n in self.nodes() if n.op == kind]
 
     def source_lines(self) -> list[str]:
-        from lpu.compiler.errors import split_lines
         return split_lines(self.source)

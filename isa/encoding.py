@@ -43,6 +43,7 @@ from lpu.isa.errors import BinaryError, ConfigError
 from lpu.isa.machine import UNIT_ICU, UNIT_NAMES, MachineConfig
 from lpu.isa.opcodes import DTYPE_WIDTH, DTYPES, NARGS, OPS, TABLE_HASH
 from lpu.isa.program import Program, Symbol, config_hash, source_hash
+from lpu.isa.validate import program_problems
 
 MAGIC = b"\x89LPUBIN\n"
 FORMAT_VERSION = 3
@@ -538,7 +539,6 @@ def _decode_sections(data: bytes, end: int, machine) -> Program:
 
 def _validate(program: Program) -> None:
     """Symbols, constants, tables and the expanded size, before anything is sized from them."""
-    from lpu.isa.validate import program_problems
     bad = program_problems(program, first_only=True)
     if bad:
         i, message = bad[0]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from lpu.isa.errors import ConfigError
+from lpu.isa.limits import how_to_raise, limit
 
 MACHINES_DIR = os.path.join(os.path.dirname(__file__), "machines")
 
@@ -182,7 +183,6 @@ class MachineConfig:
             raise ConfigError(f"{w}: field 'mxm_planes_per_hemisphere' must be even (f16 uses plane pairs)")
         if self.acc_rows < 1 or self.lw_ports_per_plane > self.lanes:
             raise ConfigError(f"{w}: field 'lw_ports_per_plane' must be at most the lane count")
-        from lpu.isa.limits import how_to_raise, limit
         if self.emulator_bytes() > limit("machine_bytes"):
             raise ConfigError(f"{w}: the machine is too large to emulate: its SRAM, MXM and stream state take "
                               f"{self.emulator_bytes():,} bytes; {how_to_raise('machine_bytes')}")

@@ -15,6 +15,7 @@ from lpu.compiler.ir import IRGraph
 from lpu.isa.errors import LpuError
 from lpu.isa.machine import MachineConfig
 from lpu.isa.program import Program
+from lpu import npz
 from lpu.outputs import write_atomic
 
 
@@ -180,8 +181,7 @@ def load_npz(path: str, prog: Program | None = None) -> dict:
     """The arrays of an .npz file by name, or an LpuError saying why they cannot be read. With
     `prog`, each array's name, shape and dtype are checked against the tensors it declares from
     the .npy headers, before any array is loaded (lpu/npz.py)."""
-    from lpu.npz import load_npz as load
-    return load(path, prog)
+    return npz.load_npz(path, prog)
 
 
 __all__ = ["compile", "run", "check", "inputs_for", "machine_of", "write_atomic", "compile_source"]

@@ -14,6 +14,7 @@ import numpy as np
 from lpu import cmd_trace, cmd_verify, compare, demo
 from lpu.args import Progress, add_common, add_window, parse_params
 from lpu.isa.errors import LpuError
+from lpu.outputs import check_outputs
 
 COMMANDS = (cmd_trace, cmd_verify, compare, demo)   # subcommands with a module of their own
 
@@ -212,13 +213,6 @@ def cmd_asm(a):
     return 0
 
 
-def _check_outputs(a):
-    """Before any work: every output file can be written, is none of the inputs, and no two
-    options name one file (lpu/outputs.py)."""
-    from lpu.outputs import check_outputs
-    check_outputs(a)
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = build_parser()
@@ -227,7 +221,7 @@ def main(argv=None) -> int:
     for m in COMMANDS:
         handlers.update(m.HANDLERS)
     try:
-        _check_outputs(a)
+        check_outputs(a)
         return handlers[a.cmd](a) or 0
     except LpuError as e:
         if a.debug:

@@ -16,6 +16,7 @@ import textwrap
 
 from lpu import programs as programs_pkg
 from lpu.args import progress_lines
+from lpu.compare import compare
 from lpu.isa.errors import LpuError
 
 PROGRAMS = os.path.dirname(os.path.abspath(programs_pkg.__file__))
@@ -29,7 +30,6 @@ def lpu_bound(lpu: dict) -> str:
 def run_demo(gpu="h100-sxm", launch: str = "stream", progress=None) -> list[dict]:
     """One `compare(..., emulate=True)` result per phase; `gpu` is a name, a path or a GpuConfig."""
     from lpu.gpu_baseline.gpus import GpuConfig, load_gpu
-    from lpu.compare import compare
     gpu = gpu if isinstance(gpu, GpuConfig) else load_gpu(gpu)
     if progress:
         progress("lpu demo: compiling and emulating 2 programs (the first run also JIT-compiles the emulator "

@@ -198,13 +198,6 @@ def test_comparisons_and_where_run_checked(machine):
     assert res.outputs["o5"].max() > 0
 
 
-def test_where_on_one_alu_goes_through_sram():
-    d = MachineConfig.load("tiny").to_dict()
-    d["vxm_alus"] = 1
-    m = MachineConfig.from_dict(d, source="<test>")
-    _run_checked(PROGRAM, m)
-
-
 def test_comparison_results_are_i8_masks_and_promote():
     g = elaborate_source("input x : f16[2, 3]\ninput n : i8[2, 3]\na = x < 1.0\noutput s = sum(a)\n"
                          "output p = a * x\noutput w = where(a, n, 2.5)\noutput q = where(x, n, n)\n", "t.lpu", {})
