@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.alloc import slot_place
-from lpu.compiler.schedule import Chain, Ins
+from lpu.compiler.chainspec import Chain, Ins
 from lpu.isa import opcodes as O
 from lpu.isa.machine import EAST, MXM_ACC, MXM_CTL, MXM_LW, WEST
 

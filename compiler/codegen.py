@@ -13,18 +13,12 @@ from lpu.isa.program import Program
 
 
 def codegen(machine, placed, symbols, tables, nodes, predicted, source_name="", source_lines=()):
-    n = len(placed.cycle)
-    cyc = np.asarray(placed.cycle, np.int64)
-    q = np.asarray(placed.queue, np.int64)
+    """placed: (cycle, queue, op, args, line, node) arrays, one row per placed instruction."""
+    cyc, q, ops, args, lines, node = placed
+    n = len(cyc)
     order = np.lexsort((cyc, q))
     cyc, q = cyc[order], q[order]
-    args = np.zeros((n, NARGS), np.int32)
-    for i, a in enumerate(placed.args):
-        args[i, :len(a)] = a
-    args = args[order]
-    ops = np.asarray(placed.op, np.int32)[order]
-    lines = np.asarray(placed.line, np.int32)[order]
-    node = np.asarray(placed.node, np.int32)[order]
+    args, ops, lines, node = args[order], ops[order], lines[order], node[order]
     first = np.ones(n, bool)
     first[1:] = q[1:] != q[:-1]
     prev_end = np.zeros(n, np.int64)          # the queue's next free cycle before instruction i

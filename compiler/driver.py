@@ -40,17 +40,19 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
     sched = Scheduler(machine)
     placing = [0.0]
 
-    def sink(chain):     # lowering and scheduling interleave: chains never pile up in memory
+    def sink(chain):     # lowering and scheduling interleave: chains are placed in batches
         t = time.perf_counter()
         sched.place(chain)
         placing[0] += time.perf_counter() - t
 
     low = lower(graph, machine, sink)
-    t2 = time.perf_counter()
-    t1 = t2 - placing[0]
+    t1 = time.perf_counter() - placing[0]     # lowering's own time ends here
     nodes = [(n.op, n.line) for n in graph.nodes()]
-    prog = codegen(machine, sched.out, low.symbols, low.ctx.table_array(), nodes,
-                   sched.predicted_cycles(), graph.source_name, graph.source_lines())
+    predicted = sched.predicted_cycles()
+    placed = sched.placed()
+    t2 = time.perf_counter()
+    prog = codegen(machine, placed, low.symbols, low.ctx.table_array(), nodes,
+                   predicted, graph.source_name, graph.source_lines())
     t3 = time.perf_counter()
     stats.pass_seconds.update(lower=t1 - t0, schedule=t2 - t1, codegen=t3 - t2)
     stats.chains = low.n_chains
