@@ -22,19 +22,21 @@ class CompileStats:
     sram_peak_bytes: int = 0
 
 
-def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None) -> Program:
-    """The back end. The cyclic garbage collector is paused meanwhile: lowering creates
+def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None,
+                  repeat: bool = True) -> Program:
+    """The back end (repeat=False: no REPEAT in the stream, every instruction spelled out).
+    The cyclic garbage collector is paused meanwhile: lowering creates
     millions of small acyclic objects, and its passes over them cost more than the work."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _compile_graph(graph, machine, stats)
+        return _compile_graph(graph, machine, stats, repeat)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None) -> Program:
+def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None, repeat: bool) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
     sched = Scheduler(machine)
@@ -52,7 +54,7 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
     placed = sched.placed()
     t2 = time.perf_counter()
     prog = codegen(machine, placed, low.symbols, low.ctx.table_array(), nodes,
-                   predicted, graph.source_name, graph.source_lines())
+                   predicted, graph.source_name, graph.source_lines(), repeat)
     t3 = time.perf_counter()
     stats.pass_seconds.update(lower=t1 - t0, schedule=t2 - t1, codegen=t3 - t2)
     stats.chains = low.n_chains
