@@ -13,10 +13,12 @@ and its consumers connected by streams: there are no interlocks, so they move to
            a search hint (key, delta: start at the anchor of the previous chain with that key
            plus delta).
 
-Lowering builds chains (through `chains.ChainBuilder`) as these objects; `encode` turns a
-batch of them into flat integer arrays (CSR for the variable-length parts), with markers, hint
-keys and queue groups numbered by a `Registry` that lives as long as one compilation. The
-jitted placement (`place_core`) reads only the arrays.
+Markers, hint keys and queue groups are numbered by a `Registry` that lives as long as one
+compilation. Lowering builds chains through `chains.ChainBuilder`, which writes them straight
+into the flat form (`Flat`: one list per field, ids instead of keys); `Chain` objects of `Ins`
+are the readable form of the same thing (tests, hand-built chains). `encode` turns a batch
+of either into integer arrays (CSR for the variable-length parts), the only input of the
+jitted placement (`place_core`).
 """
 from __future__ import annotations
 
@@ -56,12 +58,21 @@ class Chain:
 class Registry:
     """Integer ids for the hashable keys of one compilation: queue groups (tuples of queue
     ids), markers and hint keys. Ids are given in order of first use, so they are
-    deterministic."""
+    deterministic. Lowering and the scheduler share one registry."""
 
     def __init__(self):
         self.qgroups: dict[tuple, int] = {}
         self.markers: dict = {}
         self.hints: dict = {}
+
+    def qgroup(self, queues: tuple) -> int:
+        return _id(self.qgroups, queues)
+
+    def marker(self, key) -> int:
+        return _id(self.markers, key)
+
+    def hint(self, key) -> int:
+        return _id(self.hints, key)
 
     def qgroup_arrays(self):
         """(ptr, queues): group i holds queues[ptr[i]:ptr[i+1]]."""
@@ -76,6 +87,109 @@ def _id(table: dict, key) -> int:
     if i is None:
         i = table[key] = len(table)
     return i
+
+
+CHAIN_FIELDS = ("c_nins", "c_ngrp", "c_hint", "c_hdelta", "c_line", "c_node")
+GROUP_FIELDS = ("g_dir", "g_koff", "g_w")
+INS_FIELDS = ("qg", "off", "op", "bank", "args", "n_p", "n_r", "n_w", "n_a", "n_m", "n_e")
+ENTRY_FIELDS = ("p_data", "r_data", "w_data", "a_data", "m_data", "e_data")
+FIELDS = CHAIN_FIELDS + GROUP_FIELDS + INS_FIELDS + ENTRY_FIELDS
+_PAD = [[0] * k for k in range(NARGS + 1)]
+
+
+class Flat:
+    """Chains in flat form: one list per field, counts instead of pointers, so that batches
+    concatenate by extending. Per chain: its instruction and group counts, hint id (-1 none)
+    and delta, line, node. Per group: dir, koff, width. Per instruction: queue group id,
+    offset, opcode, bank, NARGS args, and the counts of its patch, read, write, after, mark
+    and extra entries, whose data follow in the entry lists (patch: 4 ints each; after, mark,
+    extra: 2 each; marker keys as registry ids). `ChainBuilder` builds one chain as a Flat;
+    `add_chain` encodes a `Chain` object."""
+
+    __slots__ = FIELDS
+
+    def __init__(self):
+        for f in FIELDS:
+            setattr(self, f, [])
+
+    @property
+    def n_ins(self) -> int:
+        return len(self.off)
+
+    @property
+    def n_chains(self) -> int:
+        return len(self.c_nins)
+
+    def extend(self, other: "Flat"):
+        for f in FIELDS:
+            getattr(self, f).extend(getattr(other, f))
+
+    def add_ins(self, qg, off, op, args, patch=(), bank=-1, reads=(), writes=(), after=(), mark=(), extra=()):
+        """One instruction; after and mark hold (marker id, delta) pairs."""
+        self.qg.append(qg)
+        self.off.append(off)
+        self.op.append(op)
+        self.bank.append(bank)
+        self.args.extend(args)
+        self.args.extend(_PAD[NARGS - len(args)])
+        self.n_p.append(len(patch))
+        for p in patch:
+            self.p_data.extend(p)
+        self.n_r.append(len(reads))
+        self.r_data.extend(reads)
+        self.n_w.append(len(writes))
+        self.w_data.extend(writes)
+        self.n_a.append(len(after))
+        for a in after:
+            self.a_data.extend(a)
+        self.n_m.append(len(mark))
+        for a in mark:
+            self.m_data.extend(a)
+        self.n_e.append(len(extra))
+        for a in extra:
+            self.e_data.extend(a)
+
+    def add_chain(self, ch: Chain, reg: Registry):
+        n0 = len(self.off)
+        for d, koff, w in ch.groups:
+            self.g_dir.append(d)
+            self.g_koff.append(koff)
+            self.g_w.append(w)
+        for ins in ch.ins:
+            self.add_ins(reg.qgroup(ins.queues), ins.off, ins.op, ins.args, ins.patch, ins.bank, ins.reads,
+                         ins.writes, [(reg.marker(k), d) for k, d in ins.after],
+                         [(reg.marker(k), d) for k, d in ins.mark], ins.extra)
+        self.end_chain(len(self.off) - n0, len(ch.groups), reg.hint(ch.hint[0]) if ch.hint else -1,
+                       ch.hint[1] if ch.hint else 0, ch.line, ch.node)
+
+    def end_chain(self, nins, ngrp, hint, hdelta, line, node):
+        self.c_nins.append(nins)
+        self.c_ngrp.append(ngrp)
+        self.c_hint.append(hint)
+        self.c_hdelta.append(hdelta)
+        self.c_line.append(line)
+        self.c_node.append(node)
+
+    def arrays(self) -> "ChainArrays":
+        def arr(name, cols=0):
+            a = np.array(getattr(self, name), np.int64)
+            return a.reshape(-1, cols) if cols else a
+
+        def ptr(name):
+            cnt = getattr(self, name)
+            out = np.zeros(len(cnt) + 1, np.int64)
+            np.cumsum(cnt, out=out[1:])
+            return out
+
+        a = ChainArrays(
+            ptr("c_nins"), ptr("c_ngrp"), arr("c_hint"), arr("c_hdelta"), arr("c_line"), arr("c_node"),
+            arr("g_dir"), arr("g_koff"), arr("g_w"), arr("qg"), arr("off"), arr("op"), arr("bank"),
+            arr("args", NARGS), ptr("n_p"), arr("p_data", 4), ptr("n_r"), arr("r_data"), ptr("n_w"),
+            arr("w_data"), ptr("n_a"), arr("a_data", 2), ptr("n_m"), arr("m_data", 2), ptr("n_e"),
+            arr("e_data", 2))
+        if len(a.g_koff) and np.abs(a.g_koff).max() >= DIAG0:
+            raise AssertionError(f"scheduler: stream offset {np.abs(a.g_koff).max()} out of range")
+        return a
 
 
 @dataclass
@@ -115,82 +229,12 @@ class ChainArrays:
         return len(self.off)
 
 
-_PAD = [[0] * k for k in range(NARGS + 1)]
-
-
 def encode(chains, reg: Registry) -> ChainArrays:
-    ins_ptr, grp_ptr, hint, hdelta, line, node = [0], [0], [], [], [], []
-    g_dir, g_koff, g_w = [], [], []
-    qg, off, op, bank, args = [], [], [], [], []
-    p_cnt, p_data, r_cnt, r_data, w_cnt, w_data = [], [], [], [], [], []
-    a_cnt, a_data, m_cnt, m_data, e_cnt, e_data = [], [], [], [], [], []
-    qgroups, markers = reg.qgroups, reg.markers
+    """Chain objects and Flat batches, in order, as one ChainArrays."""
+    flat = Flat()
     for ch in chains:
-        for d, koff, w in ch.groups:
-            if not -DIAG0 < koff < DIAG0:
-                raise AssertionError(f"scheduler: stream offset {koff} out of range (DSL line {ch.line})")
-            g_dir.append(d)
-            g_koff.append(koff)
-            g_w.append(w)
-        grp_ptr.append(len(g_dir))
-        if ch.hint:
-            hint.append(_id(reg.hints, ch.hint[0]))
-            hdelta.append(ch.hint[1])
+        if isinstance(ch, Flat):
+            flat.extend(ch)
         else:
-            hint.append(-1)
-            hdelta.append(0)
-        line.append(ch.line)
-        node.append(ch.node)
-        for ins in ch.ins:
-            qs = ins.queues
-            q = qgroups.get(qs)
-            if q is None:
-                q = qgroups[qs] = len(qgroups)
-            qg.append(q)
-            off.append(ins.off)
-            op.append(ins.op)
-            bank.append(ins.bank)
-            a = ins.args
-            args.extend(a)
-            args.extend(_PAD[NARGS - len(a)])
-            p_cnt.append(len(ins.patch))
-            for p in ins.patch:
-                p_data.extend(p)
-            r_cnt.append(len(ins.reads))
-            r_data.extend(ins.reads)
-            w_cnt.append(len(ins.writes))
-            w_data.extend(ins.writes)
-            a_cnt.append(len(ins.after))
-            for key, dv in ins.after:
-                k = markers.get(key)
-                if k is None:
-                    k = markers[key] = len(markers)
-                a_data.append(k)
-                a_data.append(dv)
-            m_cnt.append(len(ins.mark))
-            for key, dv in ins.mark:
-                k = markers.get(key)
-                if k is None:
-                    k = markers[key] = len(markers)
-                m_data.append(k)
-                m_data.append(dv)
-            e_cnt.append(len(ins.extra))
-            for eq, eo in ins.extra:
-                e_data.append(eq)
-                e_data.append(eo)
-        ins_ptr.append(len(off))
-
-    def arr(x, cols=0):
-        a = np.array(x, np.int64)
-        return a.reshape(-1, cols) if cols else a
-
-    def ptr(cnt):
-        out = np.zeros(len(cnt) + 1, np.int64)
-        np.cumsum(cnt, out=out[1:])
-        return out
-
-    return ChainArrays(
-        arr(ins_ptr), arr(grp_ptr), arr(hint), arr(hdelta), arr(line), arr(node),
-        arr(g_dir), arr(g_koff), arr(g_w), arr(qg), arr(off), arr(op), arr(bank), arr(args, NARGS),
-        ptr(p_cnt), arr(p_data, 4), ptr(r_cnt), arr(r_data), ptr(w_cnt), arr(w_data),
-        ptr(a_cnt), arr(a_data, 2), ptr(m_cnt), arr(m_data, 2), ptr(e_cnt), arr(e_data, 2))
+            flat.add_chain(ch, reg)
+    return flat.arrays()

@@ -7,6 +7,7 @@ import gc
 import time
 from dataclasses import dataclass, field
 
+from lpu.compiler.chainspec import Registry
 from lpu.compiler.codegen import codegen
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.lower import lower
@@ -39,7 +40,8 @@ def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | 
 def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None, repeat: bool) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
-    sched = Scheduler(machine)
+    reg = Registry()
+    sched = Scheduler(machine, reg)
     placing = [0.0]
 
     def sink(chain):     # lowering and scheduling interleave: chains are placed in batches
@@ -47,7 +49,7 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
         sched.place(chain)
         placing[0] += time.perf_counter() - t
 
-    low = lower(graph, machine, sink)
+    low = lower(graph, machine, sink, reg)
     t1 = time.perf_counter() - placing[0]     # lowering's own time ends here
     nodes = [(n.op, n.line) for n in graph.nodes()]
     predicted = sched.predicted_cycles()

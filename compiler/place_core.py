@@ -24,9 +24,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from lpu.compiler.chainspec import DIAG0
+
 OK, GROW, WIDE, STUCK = 0, 1, 2, 3
 NONE = -(1 << 60)
-DIAG0 = 1 << 16
 SEARCH = 1_000_000
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import place_core as P
-from lpu.compiler.chainspec import Chain, Ins, Registry, encode  # noqa: F401  (Ins, Chain: the contract)
+from lpu.compiler.chainspec import Chain, Flat, Ins, Registry, encode  # noqa: F401  (Ins: the contract)
 from lpu.isa.opcodes import NARGS, OPS, latency_table
 
 BATCH = 1 << 15     # instructions buffered before a batch is placed
@@ -49,11 +49,11 @@ class Placed:
 
 
 class Scheduler:
-    def __init__(self, machine):
+    def __init__(self, machine, reg: Registry | None = None):
         self.m = machine
         self.nstreams = machine.streams_per_direction
         self.lat = np.asarray(latency_table(machine), np.int64)
-        self.reg = Registry()
+        self.reg = reg if reg is not None else Registry()
         self.cap = 4096
         nq = len(machine.queues)
         self.qbusy = np.zeros((nq, self.cap), np.uint8)
@@ -65,14 +65,15 @@ class Scheduler:
         self.markers = np.full(0, P.NONE, np.int64)
         self.hints = np.full(0, P.NONE, np.int64)
         self.state = np.full(1, -1, np.int64)     # [last issue + latency]
-        self.pending: list[Chain] = []
+        self.pending: list = []
         self.npending = 0
         self.out = Placed()
 
-    def place(self, chain: Chain):
-        """Queue `chain` for placement (chains are placed in the order given)."""
+    def place(self, chain: Chain | Flat):
+        """Queue a chain (or a Flat batch of them, ids from this scheduler's registry) for
+        placement; chains are placed in the order given."""
         self.pending.append(chain)
-        self.npending += len(chain.ins)
+        self.npending += chain.n_ins if isinstance(chain, Flat) else len(chain.ins)
         if self.npending >= BATCH:
             self.flush()
 
@@ -100,12 +101,12 @@ class Scheduler:
             if status == P.GROW:
                 self._grow(need)
                 continue
-            ch = chains[c]
-            names = [OPS[i.op].name for i in ch.ins]
+            line = int(a.line[c])
+            names = [OPS[int(o)].name for o in a.op[a.ins_ptr[c]:a.ins_ptr[c + 1]]]
             if status == P.WIDE:
-                raise AssertionError(f"scheduler: a chain of DSL line {ch.line} needs {need} streams on one "
+                raise AssertionError(f"scheduler: a chain of DSL line {line} needs {need} streams on one "
                                      f"diagonal, the machine has {self.nstreams}")
-            raise AssertionError(f"scheduler: no cycle found for a chain of DSL line {ch.line} ({names})")
+            raise AssertionError(f"scheduler: no cycle found for a chain of DSL line {line} ({names})")
         counts = np.diff(a.ins_ptr)
         self.out.add(out_cycle, out_queue, a.op.astype(np.int32), a.args.astype(np.int32),
                      np.repeat(a.line, counts).astype(np.int32), np.repeat(a.node, counts).astype(np.int32))

@@ -91,3 +91,23 @@ def test_tables_grow_with_the_schedule(tiny):
     assert cyc == [0, 50_000, 120_000]
     assert s.predicted_cycles() == 120_000 + O.latency_table(tiny)[O.TPIN] + 1 + tiny.icu_skew
     assert np.all(s.qbusy[q, [0, 50_000, 120_000]] == 1)
+
+
+@pytest.mark.parametrize("w,cvt", [(1, 0), (2, 0), (1, 1)])
+def test_lw_rows_builds_the_chains_of_read_and_lw_row_by_row(tsp, w, cvt):
+    from lpu.compiler.alloc import SlotAllocator
+    from lpu.compiler.chains import ChainBuilder, Ctx, lw_rows
+    from lpu.compiler.chainspec import FIELDS, Flat
+    ctx = Ctx(tsp, SlotAllocator(tsp), Registry())
+    srcs = [0, 8, 100, 3000, 7]
+    pos = tsp.mxm_pos(2)
+    after, mark = ((("iw", 2), 0),), ((("lw", 2), 0),)
+    want = Flat()
+    for r, src in enumerate(srcs):
+        cb = ChainBuilder(ctx, 5, 9)
+        gi = cb.read(src, w, pos, 0)
+        cb.lw(2, 0, r, (gi, 3), after=after, mark=mark, cvt=cvt)
+        want.extend(cb.chain())
+    got = lw_rows(ctx, 5, 9, 2, srcs, w, pos, 3, cvt, after, mark)
+    for f in FIELDS:
+        assert getattr(got, f) == getattr(want, f), f
