@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.alloc import slot_place
-from lpu.compiler.chainspec import Flat, Ins, Registry
+from lpu.compiler.chainspec import INS_COLS, Flat, Ins, Registry
 from lpu.isa import opcodes as O
 from lpu.isa.opcodes import NARGS
 from lpu.isa.machine import EAST, MXM_ACC, MXM_CTL, MXM_LW, WEST
@@ -108,7 +108,9 @@ class ChainBuilder:
     def mem_conflict(self) -> bool:
         """Two SRAM accesses of this chain on one bank in the same cycle: it can never be placed."""
         seen = set()
-        for b, o in zip(self.f.bank, self.f.off):
+        ins = self.f.ins
+        for i in range(0, len(ins), INS_COLS):
+            b, o = ins[i + 3], ins[i + 1]
             if b >= 0:
                 if (b, o) in seen:
                     return True
@@ -117,16 +119,11 @@ class ChainBuilder:
 
     def chain(self) -> Flat:
         f, h = self.f, self.hint
-        f.end_chain(len(f.off), len(f.g_dir), self.reg.hint(h[0]) if h else -1, h[1] if h else 0,
-                    self.line, self.node)
+        f.end_chain(self.reg.hint(h[0]) if h else -1, h[1] if h else 0, self.line, self.node)
         return f
 
     def _group(self, d, koff, w) -> int:
-        f = self.f
-        f.g_dir.append(d)
-        f.g_koff.append(koff)
-        f.g_w.append(w)
-        return len(f.g_dir) - 1
+        return self.f.add_group(d, koff, w)
 
     def _marks(self, pairs):
         m = self.reg.marker
@@ -250,31 +247,19 @@ def lw_rows(ctx: Ctx, line: int, node: int, plane: int, srcs, w: int, pos: int, 
     patch = np.zeros((n, k, 4), np.int64)
     patch[:, :w, 0], patch[:, :w, 2] = 2, np.arange(w)[None, :]
     patch[:, w, 0], patch[:, w, 3] = 1, dt
-    one = np.zeros((n, k), np.int64)
-    one[:, :w] = 1
-    lw_only = 1 - one
-    f.c_nins.extend([k] * n)
-    f.c_ngrp.extend([1] * n)
-    f.c_hint.extend([-1] * n)
-    f.c_hdelta.extend([0] * n)
-    f.c_line.extend([line] * n)
-    f.c_node.extend([node] * n)
-    f.g_dir.extend(np.where(east, EAST, WEST).tolist())
-    f.g_koff.extend(np.where(east, -pos, pos).tolist())
-    f.g_w.extend([w] * n)
-    f.qg.extend(qg.ravel().tolist())
-    f.off.extend(off.ravel().tolist())
-    f.op.extend(op.ravel().tolist())
-    f.bank.extend(bk.ravel().tolist())
-    f.args.extend(args.ravel().tolist())
-    f.n_p.extend([1] * (n * k))
-    f.p_data.extend(patch.ravel().tolist())
-    f.n_r.extend(one.ravel().tolist())
-    f.r_data.extend(g.ravel().tolist())
-    f.n_w.extend([0] * (n * k))
+    cnt = np.zeros((n, k, 6), np.int64)                          # patch, read, write, after, mark, extra
+    cnt[:, :, 0] = 1
+    cnt[:, :w, 1] = 1
     am = [[(c.reg.marker(key), d) for key, d in x] for x in (after, mark)]
-    for name, pairs in (("a", am[0]), ("m", am[1])):
-        getattr(f, f"n_{name}").extend((lw_only * len(pairs)).ravel().tolist())
-        getattr(f, f"{name}_data").extend([v for p in pairs for v in p] * n)
-    f.n_e.extend([0] * (n * k))
+    cnt[:, w, 3], cnt[:, w, 4] = len(am[0]), len(am[1])
+    f.chains.extend(np.tile(np.array([k, 1, -1, 0, line, node], np.int64), n).tolist())
+    grp = np.empty((n, 3), np.int64)
+    grp[:, 0], grp[:, 1], grp[:, 2] = np.where(east, EAST, WEST), np.where(east, -pos, pos), w
+    f.groups.extend(grp.ravel().tolist())
+    f.ins.extend(np.concatenate([qg[:, :, None], off[:, :, None], op[:, :, None], bk[:, :, None], args, cnt],
+                                axis=2).ravel().tolist())
+    f.p_data.extend(patch.ravel().tolist())
+    f.r_data.extend(g.ravel().tolist())
+    f.a_data.extend([v for p in am[0] for v in p] * n)
+    f.m_data.extend([v for p in am[1] for v in p] * n)
     return f

@@ -89,104 +89,107 @@ def _id(table: dict, key) -> int:
     return i
 
 
-CHAIN_FIELDS = ("c_nins", "c_ngrp", "c_hint", "c_hdelta", "c_line", "c_node")
-GROUP_FIELDS = ("g_dir", "g_koff", "g_w")
-INS_FIELDS = ("qg", "off", "op", "bank", "args", "n_p", "n_r", "n_w", "n_a", "n_m", "n_e")
-ENTRY_FIELDS = ("p_data", "r_data", "w_data", "a_data", "m_data", "e_data")
-FIELDS = CHAIN_FIELDS + GROUP_FIELDS + INS_FIELDS + ENTRY_FIELDS
-_PAD = [[0] * k for k in range(NARGS + 1)]
+CHAIN_COLS = 6         # per chain: instructions, groups, hint id (-1 none), hint delta, line, node
+GROUP_COLS = 3         # per group: dir, koff, width
+INS_COLS = 4 + NARGS + 6   # per instruction: queue group, off, op, bank, args, then the counts of
+#                            its patch, read, write, after, mark and extra entries
+ENTRY_COLS = {"p": 4, "r": 1, "w": 1, "a": 2, "m": 2, "e": 2}
+FIELDS = ("chains", "groups", "ins") + tuple(f"{k}_data" for k in ENTRY_COLS)
+_PAD = [(0,) * k for k in range(NARGS + 1)]
 
 
 class Flat:
-    """Chains in flat form: one list per field, counts instead of pointers, so that batches
-    concatenate by extending. Per chain: its instruction and group counts, hint id (-1 none)
-    and delta, line, node. Per group: dir, koff, width. Per instruction: queue group id,
-    offset, opcode, bank, NARGS args, and the counts of its patch, read, write, after, mark
-    and extra entries, whose data follow in the entry lists (patch: 4 ints each; after, mark,
-    extra: 2 each; marker keys as registry ids). `ChainBuilder` builds one chain as a Flat;
+    """Chains in flat form, so that batches concatenate by extending lists: `chains`,
+    `groups` and `ins` hold CHAIN_COLS, GROUP_COLS and INS_COLS ints per row; the entries of
+    each instruction follow in p_data (arg index, group, plane, dtype), r_data and w_data (SRAM
+    plane slots), a_data and m_data (marker id, delta) and e_data (queue, off). Marker keys,
+    hint keys and queue groups are registry ids. `ChainBuilder` builds one chain as a Flat;
     `add_chain` encodes a `Chain` object."""
 
     __slots__ = FIELDS
 
     def __init__(self):
-        for f in FIELDS:
-            setattr(self, f, [])
+        self.chains, self.groups, self.ins = [], [], []
+        self.p_data, self.r_data, self.w_data, self.a_data, self.m_data, self.e_data = [], [], [], [], [], []
 
     @property
     def n_ins(self) -> int:
-        return len(self.off)
+        return len(self.ins) // INS_COLS
 
     @property
     def n_chains(self) -> int:
-        return len(self.c_nins)
+        return len(self.chains) // CHAIN_COLS
 
-    def extend(self, other: "Flat"):
-        for f in FIELDS:
-            getattr(self, f).extend(getattr(other, f))
+    def extend(self, o: "Flat"):
+        self.chains.extend(o.chains)
+        self.groups.extend(o.groups)
+        self.ins.extend(o.ins)
+        self.p_data.extend(o.p_data)
+        self.r_data.extend(o.r_data)
+        self.w_data.extend(o.w_data)
+        self.a_data.extend(o.a_data)
+        self.m_data.extend(o.m_data)
+        self.e_data.extend(o.e_data)
 
     def add_ins(self, qg, off, op, args, patch=(), bank=-1, reads=(), writes=(), after=(), mark=(), extra=()):
         """One instruction; after and mark hold (marker id, delta) pairs."""
-        self.qg.append(qg)
-        self.off.append(off)
-        self.op.append(op)
-        self.bank.append(bank)
-        self.args.extend(args)
-        self.args.extend(_PAD[NARGS - len(args)])
-        self.n_p.append(len(patch))
+        ins = self.ins
+        ins.extend((qg, off, op, bank))
+        ins.extend(args)
+        ins.extend(_PAD[NARGS - len(args)])
+        ins.extend((len(patch), len(reads), len(writes), len(after), len(mark), len(extra)))
         for p in patch:
             self.p_data.extend(p)
-        self.n_r.append(len(reads))
-        self.r_data.extend(reads)
-        self.n_w.append(len(writes))
-        self.w_data.extend(writes)
-        self.n_a.append(len(after))
+        if reads:
+            self.r_data.extend(reads)
+        if writes:
+            self.w_data.extend(writes)
         for a in after:
             self.a_data.extend(a)
-        self.n_m.append(len(mark))
         for a in mark:
             self.m_data.extend(a)
-        self.n_e.append(len(extra))
         for a in extra:
             self.e_data.extend(a)
 
+    def add_group(self, d, koff, w) -> int:
+        """A stream group of the chain being built; returns its index in the chain."""
+        self.groups.extend((d, koff, w))
+        return len(self.groups) // GROUP_COLS - 1
+
     def add_chain(self, ch: Chain, reg: Registry):
-        n0 = len(self.off)
+        n0, g0 = self.n_ins, len(self.groups)
         for d, koff, w in ch.groups:
-            self.g_dir.append(d)
-            self.g_koff.append(koff)
-            self.g_w.append(w)
+            self.groups.extend((d, koff, w))
         for ins in ch.ins:
             self.add_ins(reg.qgroup(ins.queues), ins.off, ins.op, ins.args, ins.patch, ins.bank, ins.reads,
                          ins.writes, [(reg.marker(k), d) for k, d in ins.after],
                          [(reg.marker(k), d) for k, d in ins.mark], ins.extra)
-        self.end_chain(len(self.off) - n0, len(ch.groups), reg.hint(ch.hint[0]) if ch.hint else -1,
-                       ch.hint[1] if ch.hint else 0, ch.line, ch.node)
+        self.chains.extend((self.n_ins - n0, len(ch.groups), reg.hint(ch.hint[0]) if ch.hint else -1,
+                            ch.hint[1] if ch.hint else 0, ch.line, ch.node))
 
-    def end_chain(self, nins, ngrp, hint, hdelta, line, node):
-        self.c_nins.append(nins)
-        self.c_ngrp.append(ngrp)
-        self.c_hint.append(hint)
-        self.c_hdelta.append(hdelta)
-        self.c_line.append(line)
-        self.c_node.append(node)
+    def end_chain(self, hint, hdelta, line, node):
+        """Close a Flat that holds exactly one chain (the one ChainBuilder built)."""
+        self.chains.extend((self.n_ins, len(self.groups) // GROUP_COLS, hint, hdelta, line, node))
 
     def arrays(self) -> "ChainArrays":
-        def arr(name, cols=0):
-            a = np.array(getattr(self, name), np.int64)
-            return a.reshape(-1, cols) if cols else a
+        def rows(name, cols):
+            return np.array(getattr(self, name), np.int64).reshape(-1, cols)
 
-        def ptr(name):
-            cnt = getattr(self, name)
+        def ptr(cnt):
             out = np.zeros(len(cnt) + 1, np.int64)
             np.cumsum(cnt, out=out[1:])
             return out
 
+        ch, gr, ins = rows("chains", CHAIN_COLS), rows("groups", GROUP_COLS), rows("ins", INS_COLS)
+        cnt = ins[:, 4 + NARGS:]
+        data = {k: rows(f"{k}_data", c) for k, c in ENTRY_COLS.items()}
         a = ChainArrays(
-            ptr("c_nins"), ptr("c_ngrp"), arr("c_hint"), arr("c_hdelta"), arr("c_line"), arr("c_node"),
-            arr("g_dir"), arr("g_koff"), arr("g_w"), arr("qg"), arr("off"), arr("op"), arr("bank"),
-            arr("args", NARGS), ptr("n_p"), arr("p_data", 4), ptr("n_r"), arr("r_data"), ptr("n_w"),
-            arr("w_data"), ptr("n_a"), arr("a_data", 2), ptr("n_m"), arr("m_data", 2), ptr("n_e"),
-            arr("e_data", 2))
+            ptr(ch[:, 0]), ptr(ch[:, 1]), ch[:, 2].copy(), ch[:, 3].copy(), ch[:, 4].copy(), ch[:, 5].copy(),
+            gr[:, 0].copy(), gr[:, 1].copy(), gr[:, 2].copy(), ins[:, 0].copy(), ins[:, 1].copy(),
+            ins[:, 2].copy(), ins[:, 3].copy(), ins[:, 4:4 + NARGS].copy(),
+            ptr(cnt[:, 0]), data["p"], ptr(cnt[:, 1]), data["r"].reshape(-1), ptr(cnt[:, 2]),
+            data["w"].reshape(-1), ptr(cnt[:, 3]), data["a"], ptr(cnt[:, 4]), data["m"], ptr(cnt[:, 5]),
+            data["e"])
         if len(a.g_koff) and np.abs(a.g_koff).max() >= DIAG0:
             raise AssertionError(f"scheduler: stream offset {np.abs(a.g_koff).max()} out of range")
         return a
