@@ -18,9 +18,9 @@ from lpu.isa.program import Program
 
 
 def codegen(machine, placed, symbols, tables, nodes, predicted, source_name="", source_lines=(), repeat=True):
-    """placed: (cycle, queue, op, args, line, node) arrays, one row per placed instruction.
+    """placed: schedule.Placed (emptied here: its arrays are replaced by sorted copies).
     repeat: emit regular runs as one instruction plus REPEAT (repeat_core.find_runs)."""
-    cyc, q, ops, args, lines, node = placed
+    cyc, q, ops, args, lines, node = placed.take()
     n = len(cyc)
     order = np.lexsort((cyc, q))
     cyc, q = cyc[order], q[order]

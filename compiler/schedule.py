@@ -31,21 +31,35 @@ BATCH = 1 << 15     # instructions buffered before a batch is placed
 
 
 class Placed:
-    """Placed instructions as arrays (concatenated batches)."""
+    """Placed instructions: cycle, queue, op, args, line, node per instruction, in chain
+    order, in arrays that grow by doubling (no copy of the whole list per batch)."""
+
+    COLS = (("cycle", np.int64, ()), ("queue", np.int32, ()), ("op", np.int32, ()), ("args", np.int32, (NARGS,)),
+            ("line", np.int32, ()), ("node", np.int32, ()))
 
     def __init__(self):
-        self.parts: list = []
+        self.n = 0
+        self.cols = [np.zeros((1024,) + shape, dt) for _, dt, shape in self.COLS]
 
-    def add(self, cycle, queue, op, args, line, node):
-        self.parts.append((cycle, queue, op, args, line, node))
+    def add(self, *values):
+        k = len(values[0])
+        if self.n + k > len(self.cols[0]):
+            size = max(2 * len(self.cols[0]), self.n + k)
+            grown = []
+            for col in self.cols:
+                new = np.zeros((size,) + col.shape[1:], col.dtype)
+                new[:self.n] = col[:self.n]
+                grown.append(new)
+            self.cols = grown
+        for col, v in zip(self.cols, values):
+            col[self.n:self.n + k] = v
+        self.n += k
 
-    def arrays(self):
-        if not self.parts:
-            return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32),
-                    np.zeros((0, NARGS), np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32))
-        cols = list(zip(*self.parts))
-        self.parts = [tuple(np.concatenate(c) for c in cols)]
-        return self.parts[0]
+    def take(self):
+        """The arrays (trimmed views); the Placed is empty afterwards."""
+        out = tuple(col[:self.n] for col in self.cols)
+        self.cols, self.n = [], 0
+        return out
 
 
 class Scheduler:
@@ -108,8 +122,7 @@ class Scheduler:
                                      f"diagonal, the machine has {self.nstreams}")
             raise AssertionError(f"scheduler: no cycle found for a chain of DSL line {line} ({names})")
         counts = np.diff(a.ins_ptr)
-        self.out.add(out_cycle, out_queue, a.op.astype(np.int32), a.args.astype(np.int32),
-                     np.repeat(a.line, counts).astype(np.int32), np.repeat(a.node, counts).astype(np.int32))
+        self.out.add(out_cycle, out_queue, a.op, a.args, np.repeat(a.line, counts), np.repeat(a.node, counts))
 
     def _grow(self, need: int):
         cap = max(2 * self.cap, need + 1024)
@@ -118,10 +131,13 @@ class Scheduler:
         self.streams = _widen(self.streams, cap + 2 * P.DIAG0)
         self.cap = cap
 
-    def placed(self):
-        """(cycle, queue, op, args, line, node) arrays of every placed instruction."""
+    def take_placed(self) -> Placed:
+        """Every placed instruction (`.take()` gives the arrays); the scheduler's tables are
+        released (it cannot place more)."""
         self.flush()
-        return self.out.arrays()
+        self.qbusy = self.bbusy = self.streams = self.slot_w = self.slot_r = None
+        out, self.out = self.out, Placed()
+        return out
 
     def predicted_cycles(self) -> int:
         self.flush()

@@ -11,7 +11,7 @@ from lpu.isa import opcodes as O
 
 
 def _placed(sched):
-    cyc, q, op, args, line, node = sched.placed()
+    cyc, q, op, args, line, node = sched.take_placed().take()
     return cyc.tolist(), q.tolist()
 
 
@@ -77,6 +77,7 @@ def test_streams_per_diagonal_and_too_wide_chains(tiny):
     s.place(Chain([_ins(q)], [(0, 0, 2)]))        # one stream left on diagonal 0: next cycle
     cyc, _ = _placed(s)
     assert cyc == [0, 1]
+    s = Scheduler(tiny)
     s.place(Chain([_ins(q)], [(1, 5, ns), (1, 5, 1)], line=7))
     with pytest.raises(AssertionError, match="line 7 needs"):
         s.flush()
@@ -87,10 +88,10 @@ def test_tables_grow_with_the_schedule(tiny):
     q = tiny.sxm_queue(0, 0)
     s.place(Chain([_ins(q, 0, mark=((("far",), 50_000),))], []))
     s.place(Chain([_ins(q, 0, after=((("far",), 0),)), _ins(q, 70_000)], []))
+    assert s.predicted_cycles() == 120_000 + O.latency_table(tiny)[O.TPIN] + 1 + tiny.icu_skew
+    assert np.all(s.qbusy[q, [0, 50_000, 120_000]] == 1) and s.qbusy.shape[1] > 120_000
     cyc, _ = _placed(s)
     assert cyc == [0, 50_000, 120_000]
-    assert s.predicted_cycles() == 120_000 + O.latency_table(tiny)[O.TPIN] + 1 + tiny.icu_skew
-    assert np.all(s.qbusy[q, [0, 50_000, 120_000]] == 1)
 
 
 @pytest.mark.parametrize("w,cvt", [(1, 0), (2, 0), (1, 1)])
