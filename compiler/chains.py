@@ -39,7 +39,13 @@ class Ctx:
         self.vxm_qg = reg.qgroup(self.vxm_q)
         self.sxm_qg = [reg.qgroup(q) for q in self.sxm_q]
         self.lw_qg = [reg.qgroup(q) for q in self.lw_q]
-        self.field_names = [[f for f, _ in spec.fields] for spec in O.OPS]
+        names = [[f for f, _ in spec.fields] for spec in O.OPS]
+        self.vxm_fields = [tuple(n.index(k) if k in n else -1 for k in ("a", "b", "out", "nv", "imm", "bimm", "cut"))
+                           for n in names]             # where each VXM operand and field goes in args
+        self.lat_read = self.lat[O.READ]
+        pad = (0,) * (NARGS - 2)                       # READ/WRITE: bank, addr, stream, then zeros
+        self.read_tail = pad + (1, 1, 0, 0, 0, 0)      # one patch, one slot read
+        self.write_tail = pad + (1, 0, 1, 0, 0, 0)     # one patch, one slot written
         self.tables: dict[bytes, int] = {}
         self.mxm_load: dict[int, int] = {}   # plane -> cycles of work given to it so far
         self.lw_dirty: dict[int, int] = {}   # plane -> rows of its weight buffer that may be non-zero
@@ -138,29 +144,34 @@ class ChainBuilder:
     def read(self, base: int, w: int, dest: int, arrive: int) -> int:
         """READ the w planes of the vector at `base` so they reach position `dest` at offset
         `arrive`; returns the stream group."""
-        c = self.c
+        c, f = self.c, self.f
         s0 = base % c.nslices
         d = _dir_to(c.slice_pos[s0], dest)
-        gi = self._group(d, _koff(d, arrive, dest), w)
+        gi = f.add_group(d, _koff(d, arrive, dest), w)
         for b in range(w):
             g = base + b
             s, bank, addr = slot_place(g, c.nslices, c.banks)
-            off = arrive - abs(dest - c.slice_pos[s]) - c.lat[O.READ]
-            self._add(c.mem_qg[s], off, O.READ, (bank, addr, 0), ((2, gi, b, 0),), s * c.banks + bank, (g,))
+            off = arrive - abs(dest - c.slice_pos[s]) - c.lat_read
+            f.ins.extend((c.mem_qg[s], off, O.READ, s * c.banks + bank, bank, addr))
+            f.ins.extend(c.read_tail)
+            f.p_data.extend((2, gi, b, 0))
+            f.r_data.append(g)
         return gi
 
     def write(self, base: int, w: int, src: int, produce: int) -> int:
         """WRITE w planes at `base`, produced at position `src` at offset `produce`."""
-        c = self.c
+        c, f = self.c, self.f
         s0 = base % c.nslices
         d = _dir_to(src, c.slice_pos[s0])
-        gi = self._group(d, _koff(d, produce, src), w)
+        gi = f.add_group(d, _koff(d, produce, src), w)
         for b in range(w):
             g = base + b
             s, bank, addr = slot_place(g, c.nslices, c.banks)
             off = produce + abs(c.slice_pos[s] - src)
-            self._add(c.mem_qg[s], off, O.WRITE, (bank, addr, 0), ((2, gi, b, 0),), s * c.banks + bank,
-                      (), (g,))
+            f.ins.extend((c.mem_qg[s], off, O.WRITE, s * c.banks + bank, bank, addr))
+            f.ins.extend(c.write_tail)
+            f.p_data.extend((2, gi, b, 0))
+            f.w_data.append(g)
         return gi
 
     # ---- VXM -----------------------------------------------------------------------------------
@@ -168,18 +179,20 @@ class ChainBuilder:
             cut: int = 0):
         """A VXM instruction at offset `off`. a, b: (group, dtype code) or None; out: (group,
         dtype code). Returns nothing; groups are already wired."""
-        c = self.c
-        nv = c.lanes if nv is None else nv
-        names = c.field_names[op]
-        args = [0] * len(names)
-        patch = []
-        for fname, val in (("a", a), ("b", b), ("out", out)):
-            if val is not None and fname in names:
-                patch.append((names.index(fname), val[0], 0, val[1]))
-        for fname, val in (("nv", nv), ("imm", imm), ("bimm", bimm), ("cut", cut)):
-            if fname in names:
-                args[names.index(fname)] = val
-        self._add(c.vxm_qg, off, op, args, patch)
+        c, f = self.c, self.f
+        ia, ib, io, inv, iimm, ibimm, icut = c.vxm_fields[op]
+        args = [0] * NARGS
+        npatch = 0
+        for i, val in ((ia, a), (ib, b), (io, out)):
+            if val is not None and i >= 0:
+                f.p_data.extend((i, val[0], 0, val[1]))
+                npatch += 1
+        for i, val in ((inv, c.lanes if nv is None else nv), (iimm, imm), (ibimm, bimm), (icut, cut)):
+            if i >= 0:
+                args[i] = val
+        f.ins.extend((c.vxm_qg, off, op, -1))
+        f.ins.extend(args)
+        f.ins.extend((npatch, 0, 0, 0, 0, 0))
 
     # ---- SXM -----------------------------------------------------------------------------------
     def sxm(self, op: int, h: int, off: int, inp, out, param: int):
