@@ -173,7 +173,8 @@ class Flat:
 
     def arrays(self) -> "ChainArrays":
         def rows(name, cols):
-            return np.array(getattr(self, name), np.int64).reshape(-1, cols)
+            x = getattr(self, name)
+            return np.fromiter(x, np.int64, len(x)).reshape(-1, cols)
 
         def ptr(cnt):
             out = np.zeros(len(cnt) + 1, np.int64)
