@@ -10,16 +10,18 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.alloc import slot_place
-from lpu.compiler.schedule import Chain, Ins
+from lpu.compiler.chainspec import INS_COLS, Flat, Ins, Registry
 from lpu.isa import opcodes as O
+from lpu.isa.opcodes import NARGS
 from lpu.isa.machine import EAST, MXM_ACC, MXM_CTL, MXM_LW, WEST
 
 
 class Ctx:
     """What lowering needs of the machine, shared by all chains of a compilation."""
 
-    def __init__(self, machine, alloc):
+    def __init__(self, machine, alloc, reg: Registry):
         m = machine
+        self.reg = reg
         self.m = m
         self.alloc = alloc
         self.lat = O.latency_table(m)
@@ -33,6 +35,17 @@ class Ctx:
         self.lw_q = [tuple(m.mxm_queue(p, MXM_LW, i) for i in range(m.lw_ports_per_plane)) for p in range(m.mxm_planes)]
         self.ctl_q = [m.mxm_queue(p, MXM_CTL) for p in range(m.mxm_planes)]
         self.acc_q = [m.mxm_queue(p, MXM_ACC) for p in range(m.mxm_planes)]
+        self.mem_qg = [reg.qgroup(q) for q in self.mem_q]        # the same as registry ids
+        self.vxm_qg = reg.qgroup(self.vxm_q)
+        self.sxm_qg = [reg.qgroup(q) for q in self.sxm_q]
+        self.lw_qg = [reg.qgroup(q) for q in self.lw_q]
+        names = [[f for f, _ in spec.fields] for spec in O.OPS]
+        self.vxm_fields = [tuple(n.index(k) if k in n else -1 for k in ("a", "b", "out", "nv", "imm", "bimm", "cut"))
+                           for n in names]             # where each VXM operand and field goes in args
+        self.lat_read = self.lat[O.READ]
+        pad = (0,) * (NARGS - 2)                       # READ/WRITE: bank, addr, stream, then zeros
+        self.read_tail = pad + (1, 1, 0, 0, 0, 0)      # one patch, one slot read
+        self.write_tail = pad + (1, 0, 1, 0, 0, 0)     # one patch, one slot written
         self.tables: dict[bytes, int] = {}
         self.mxm_load: dict[int, int] = {}   # plane -> cycles of work given to it so far
         self.lw_dirty: dict[int, int] = {}   # plane -> rows of its weight buffer that may be non-zero
@@ -69,32 +82,58 @@ def _koff(d: int, off: int, pos: int) -> int:
     return off - pos if d == EAST else off + pos
 
 
+class _InsSink:
+    """`cb.ins.append(Ins(...))`: an instruction built by hand joins the chain."""
+
+    def __init__(self, cb):
+        self.cb = cb
+
+    def append(self, ins: Ins):
+        reg = self.cb.reg
+        self.cb._add(reg.qgroup(ins.queues), ins.off, ins.op, ins.args, ins.patch, ins.bank, ins.reads,
+                     ins.writes, [(reg.marker(k), d) for k, d in ins.after],
+                     [(reg.marker(k), d) for k, d in ins.mark], ins.extra)
+
+
 class ChainBuilder:
+    """One chain, written straight into the flat form of chainspec (`chain()` returns it)."""
+
     def __init__(self, ctx: Ctx, line: int = 0, node: int = -1, hint: tuple = ()):
         self.c = ctx
+        self.reg = ctx.reg
+        self.f = Flat()
+        self._add = self.f.add_ins
         self.hint = hint
-        self.ins: list[Ins] = []
-        self.groups: list = []
         self.line = line
         self.node = node
+
+    @property
+    def ins(self):
+        return _InsSink(self)
 
     def mem_conflict(self) -> bool:
         """Two SRAM accesses of this chain on one bank in the same cycle: it can never be placed."""
         seen = set()
-        for ins in self.ins:
-            if ins.bank >= 0:
-                key = (ins.bank, ins.off)
-                if key in seen:
+        ins = self.f.ins
+        for i in range(0, len(ins), INS_COLS):
+            b, o = ins[i + 3], ins[i + 1]
+            if b >= 0:
+                if (b, o) in seen:
                     return True
-                seen.add(key)
+                seen.add((b, o))
         return False
 
-    def chain(self) -> Chain:
-        return Chain(self.ins, self.groups, self.line, self.node, self.hint)
+    def chain(self) -> Flat:
+        f, h = self.f, self.hint
+        f.end_chain(self.reg.hint(h[0]) if h else -1, h[1] if h else 0, self.line, self.node)
+        return f
 
     def _group(self, d, koff, w) -> int:
-        self.groups.append((d, koff, w))
-        return len(self.groups) - 1
+        return self.f.add_group(d, koff, w)
+
+    def _marks(self, pairs):
+        m = self.reg.marker
+        return [(m(k), d) for k, d in pairs]
 
     def link(self, src: int, dst: int, arrive: int, w: int) -> int:
         """A stream group from a unit at `src` to a unit at `dst`, arriving at offset `arrive`."""
@@ -105,30 +144,34 @@ class ChainBuilder:
     def read(self, base: int, w: int, dest: int, arrive: int) -> int:
         """READ the w planes of the vector at `base` so they reach position `dest` at offset
         `arrive`; returns the stream group."""
-        c = self.c
+        c, f = self.c, self.f
         s0 = base % c.nslices
         d = _dir_to(c.slice_pos[s0], dest)
-        gi = self._group(d, _koff(d, arrive, dest), w)
+        gi = f.add_group(d, _koff(d, arrive, dest), w)
         for b in range(w):
             g = base + b
             s, bank, addr = slot_place(g, c.nslices, c.banks)
-            off = arrive - abs(dest - c.slice_pos[s]) - c.lat[O.READ]
-            self.ins.append(Ins(c.mem_q[s], off, O.READ, [bank, addr, 0],
-                                ((2, gi, b, 0),), s * c.banks + bank, reads=(g,)))
+            off = arrive - abs(dest - c.slice_pos[s]) - c.lat_read
+            f.ins.extend((c.mem_qg[s], off, O.READ, s * c.banks + bank, bank, addr))
+            f.ins.extend(c.read_tail)
+            f.p_data.extend((2, gi, b, 0))
+            f.r_data.append(g)
         return gi
 
     def write(self, base: int, w: int, src: int, produce: int) -> int:
         """WRITE w planes at `base`, produced at position `src` at offset `produce`."""
-        c = self.c
+        c, f = self.c, self.f
         s0 = base % c.nslices
         d = _dir_to(src, c.slice_pos[s0])
-        gi = self._group(d, _koff(d, produce, src), w)
+        gi = f.add_group(d, _koff(d, produce, src), w)
         for b in range(w):
             g = base + b
             s, bank, addr = slot_place(g, c.nslices, c.banks)
             off = produce + abs(c.slice_pos[s] - src)
-            self.ins.append(Ins(c.mem_q[s], off, O.WRITE, [bank, addr, 0],
-                                ((2, gi, b, 0),), s * c.banks + bank, writes=(g,)))
+            f.ins.extend((c.mem_qg[s], off, O.WRITE, s * c.banks + bank, bank, addr))
+            f.ins.extend(c.write_tail)
+            f.p_data.extend((2, gi, b, 0))
+            f.w_data.append(g)
         return gi
 
     # ---- VXM -----------------------------------------------------------------------------------
@@ -136,55 +179,100 @@ class ChainBuilder:
             cut: int = 0):
         """A VXM instruction at offset `off`. a, b: (group, dtype code) or None; out: (group,
         dtype code). Returns nothing; groups are already wired."""
-        c = self.c
-        nv = c.lanes if nv is None else nv
-        spec = O.OPS[op]
-        names = [f for f, _ in spec.fields]
-        args = [0] * len(names)
-        patch = []
-        for fname, val in (("a", a), ("b", b), ("out", out)):
-            if val is not None and fname in names:
-                i = names.index(fname)
-                patch.append((i, val[0], 0, val[1]))
-        for fname, val in (("nv", nv), ("imm", imm), ("bimm", bimm), ("cut", cut)):
-            if fname in names:
-                args[names.index(fname)] = val
-        if b is None and "b" in names:
-            args[names.index("b")] = 0
-        self.ins.append(Ins(c.vxm_q, off, op, args, tuple(patch)))
+        c, f = self.c, self.f
+        ia, ib, io, inv, iimm, ibimm, icut = c.vxm_fields[op]
+        args = [0] * NARGS
+        npatch = 0
+        for i, val in ((ia, a), (ib, b), (io, out)):
+            if val is not None and i >= 0:
+                f.p_data.extend((i, val[0], 0, val[1]))
+                npatch += 1
+        for i, val in ((inv, c.lanes if nv is None else nv), (iimm, imm), (ibimm, bimm), (icut, cut)):
+            if i >= 0:
+                args[i] = val
+        f.ins.extend((c.vxm_qg, off, op, -1))
+        f.ins.extend(args)
+        f.ins.extend((npatch, 0, 0, 0, 0, 0))
 
     # ---- SXM -----------------------------------------------------------------------------------
     def sxm(self, op: int, h: int, off: int, inp, out, param: int):
-        c = self.c
-        self.ins.append(Ins(c.sxm_q[h], off, op, [0, 0, param],
-                            ((0, inp[0], 0, inp[1]), (1, out[0], 0, out[1]))))
+        self._add(self.c.sxm_qg[h], off, op, (0, 0, param), ((0, inp[0], 0, inp[1]), (1, out[0], 0, out[1])))
 
     def tpin(self, h: int, off: int, inp, row: int, after, mark):
-        self.ins.append(Ins(self.c.sxm_q[h], off, O.TPIN, [0, 0, row], ((0, inp[0], 0, inp[1]),),
-                            after=after, mark=mark))
+        self._add(self.c.sxm_qg[h], off, O.TPIN, (0, 0, row), ((0, inp[0], 0, inp[1]),),
+                  after=self._marks(after), mark=self._marks(mark))
 
     def tpout(self, h: int, off: int, col: int, out, after, mark):
-        self.ins.append(Ins(self.c.sxm_q[h], off, O.TPOUT, [0, col, 0], ((2, out[0], 0, out[1]),),
-                            after=after, mark=mark))
+        self._add(self.c.sxm_qg[h], off, O.TPOUT, (0, col, 0), ((2, out[0], 0, out[1]),),
+                  after=self._marks(after), mark=self._marks(mark))
 
     # ---- MXM -----------------------------------------------------------------------------------
     def lw(self, plane: int, off: int, row: int, inp, after, mark, cvt: int = 0):
-        self.ins.append(Ins(self.c.lw_q[plane], off, O.LW, [row, 0, cvt], ((1, inp[0], 0, inp[1]),),
-                            after=after, mark=mark))
+        self._add(self.c.lw_qg[plane], off, O.LW, (row, 0, cvt), ((1, inp[0], 0, inp[1]),),
+                  after=self._marks(after), mark=self._marks(mark))
 
     def iw(self, plane: int, off: int, dtype: int, trans: int, after, mark, pair: bool):
-        extra = ((self.c.ctl_q[plane + 1], off),) if pair else ()
-        self.ins.append(Ins((self.c.ctl_q[plane],), off, O.IW, [dtype, trans], after=after, mark=mark,
-                            extra=extra))
+        c = self.c
+        extra = ((c.ctl_q[plane + 1], off),) if pair else ()
+        self._add(c.reg.qgroup((c.ctl_q[plane],)), off, O.IW, (dtype, trans), after=self._marks(after),
+                  mark=self._marks(mark), extra=extra)
 
     def abc(self, plane: int, off: int, inp, acc: int, accum: int, after, mark, hold: int, pair: bool):
         c = self.c
         extra = tuple((c.ctl_q[plane], off + i) for i in range(1, hold))
         if pair:
             extra += tuple((c.ctl_q[plane + 1], off + i) for i in range(hold))
-        self.ins.append(Ins((c.ctl_q[plane],), off, O.ABC, [0, acc, accum], ((0, inp[0], 0, inp[1]),),
-                            after=after, mark=mark, extra=extra))
+        self._add(c.reg.qgroup((c.ctl_q[plane],)), off, O.ABC, (0, acc, accum), ((0, inp[0], 0, inp[1]),),
+                  after=self._marks(after), mark=self._marks(mark), extra=extra)
 
     def acc(self, plane: int, off: int, row: int, out, after, mark):
-        self.ins.append(Ins((self.c.acc_q[plane],), off, O.ACC, [row, 0], ((1, out[0], 0, out[1]),),
-                            after=after, mark=mark))
+        c = self.c
+        self._add(c.reg.qgroup((c.acc_q[plane],)), off, O.ACC, (row, 0), ((1, out[0], 0, out[1]),),
+                  after=self._marks(after), mark=self._marks(mark))
+
+
+def lw_rows(ctx: Ctx, line: int, node: int, plane: int, srcs, w: int, pos: int, dt: int, cvt: int,
+            after, mark) -> Flat:
+    """One chain per weight row r (READ the w planes at srcs[r], LW row r on `plane`), built
+    at once with numpy: the same chains as ChainBuilder.read + lw, row by row."""
+    c, f = ctx, Flat()
+    n = len(srcs)
+    if n == 0:
+        return f
+    src = np.asarray(srcs, np.int64)
+    spos = np.asarray(c.slice_pos, np.int64)
+    east = pos > spos[src % c.nslices]
+    k = w + 1                                                    # instructions per chain
+    g = src[:, None] + np.arange(w)[None, :]                     # [n, w] plane slots
+    s, bank, addr = slot_place(g, c.nslices, c.banks)
+    qg = np.empty((n, k), np.int64)
+    qg[:, :w] = np.asarray(c.mem_qg, np.int64)[s]
+    qg[:, w] = c.lw_qg[plane]
+    off = np.zeros((n, k), np.int64)
+    off[:, :w] = -np.abs(pos - spos[s]) - c.lat[O.READ]
+    op = np.full((n, k), O.READ, np.int64)
+    op[:, w] = O.LW
+    bk = np.full((n, k), -1, np.int64)
+    bk[:, :w] = s * c.banks + bank
+    args = np.zeros((n, k, NARGS), np.int64)
+    args[:, :w, 0], args[:, :w, 1] = bank, addr
+    args[:, w, 0], args[:, w, 2] = np.arange(n), cvt
+    patch = np.zeros((n, k, 4), np.int64)
+    patch[:, :w, 0], patch[:, :w, 2] = 2, np.arange(w)[None, :]
+    patch[:, w, 0], patch[:, w, 3] = 1, dt
+    cnt = np.zeros((n, k, 6), np.int64)                          # patch, read, write, after, mark, extra
+    cnt[:, :, 0] = 1
+    cnt[:, :w, 1] = 1
+    am = [[(c.reg.marker(key), d) for key, d in x] for x in (after, mark)]
+    cnt[:, w, 3], cnt[:, w, 4] = len(am[0]), len(am[1])
+    f.chains.extend(np.tile(np.array([k, 1, -1, 0, line, node], np.int64), n).tolist())
+    grp = np.empty((n, 3), np.int64)
+    grp[:, 0], grp[:, 1], grp[:, 2] = np.where(east, EAST, WEST), np.where(east, -pos, pos), w
+    f.groups.extend(grp.ravel().tolist())
+    f.ins.extend(np.concatenate([qg[:, :, None], off[:, :, None], op[:, :, None], bk[:, :, None], args, cnt],
+                                axis=2).ravel().tolist())
+    f.p_data.extend(patch.ravel().tolist())
+    f.r_data.extend(g.ravel().tolist())
+    f.a_data.extend([v for p in am[0] for v in p] * n)
+    f.m_data.extend([v for p in am[1] for v in p] * n)
+    return f

@@ -7,6 +7,7 @@ import gc
 import time
 from dataclasses import dataclass, field
 
+from lpu.compiler.chainspec import Registry
 from lpu.compiler.codegen import codegen
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.lower import lower
@@ -22,35 +23,41 @@ class CompileStats:
     sram_peak_bytes: int = 0
 
 
-def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None) -> Program:
-    """The back end. The cyclic garbage collector is paused meanwhile: lowering creates
+def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None,
+                  repeat: bool = True) -> Program:
+    """The back end (repeat=False: no REPEAT in the stream, every instruction spelled out).
+    The cyclic garbage collector is paused meanwhile: lowering creates
     millions of small acyclic objects, and its passes over them cost more than the work."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _compile_graph(graph, machine, stats)
+        return _compile_graph(graph, machine, stats, repeat)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None) -> Program:
+def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None, repeat: bool) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
-    sched = Scheduler(machine)
+    reg = Registry()
+    sched = Scheduler(machine, reg)
     placing = [0.0]
 
-    def sink(chain):     # lowering and scheduling interleave: chains never pile up in memory
+    def sink(chain):     # lowering and scheduling interleave: chains are placed in batches
         t = time.perf_counter()
         sched.place(chain)
         placing[0] += time.perf_counter() - t
 
-    low = lower(graph, machine, sink)
-    t2 = time.perf_counter()
-    t1 = t2 - placing[0]
+    low = lower(graph, machine, sink, reg)
+    t1 = time.perf_counter() - placing[0]     # lowering's own time ends here
     nodes = [(n.op, n.line) for n in graph.nodes()]
-    prog = codegen(machine, sched.out, low.symbols, low.ctx.table_array(), nodes,
-                   sched.predicted_cycles(), graph.source_name, graph.source_lines())
+    predicted = sched.predicted_cycles()
+    placed = sched.take_placed()
+    del sched                                  # its tables are not needed any more
+    t2 = time.perf_counter()
+    prog = codegen(machine, placed, low.symbols, low.ctx.table_array(), nodes,
+                   predicted, graph.source_name, graph.source_lines(), repeat)
     t3 = time.perf_counter()
     stats.pass_seconds.update(lower=t1 - t0, schedule=t2 - t1, codegen=t3 - t2)
     stats.chains = low.n_chains

@@ -12,6 +12,7 @@ import numpy as np
 from lpu.compiler import lower_ops as L
 from lpu.compiler.alloc import SlotAllocator, grid_shape, layout
 from lpu.compiler.chains import Ctx
+from lpu.compiler.chainspec import Registry
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.plan import make_plan
 from lpu.isa.errors import CapacityError, UnsupportedError
@@ -41,12 +42,12 @@ def _index_grid(grid, idx, shape, lanes):
 
 
 class Lowerer:
-    def __init__(self, graph: IRGraph, machine):
+    def __init__(self, graph: IRGraph, machine, reg: Registry):
         self.g = graph
         self.m = machine
         self.lanes = machine.lanes
         self.alloc = SlotAllocator(machine)
-        self.ctx = Ctx(machine, self.alloc)
+        self.ctx = Ctx(machine, self.alloc, reg)
         self.plan = make_plan(graph, machine.lanes)
         self.grid: dict[int, np.ndarray] = {}
         self.regions: dict[int, tuple] = {}   # owning node -> (start, n)
@@ -154,7 +155,7 @@ class Lowerer:
                 raise UnsupportedError(f"{g.source_name}:{n.line}:{n.col}: {n.op}: {e.message} is not supported yet") from None
             for ch in self.chains:
                 sink(ch)
-            n_chains += len(self.chains)
+            n_chains += sum(ch.n_chains for ch in self.chains)
             self.chains = []
             for owner in free_after.get(n.id, ()):
                 if owner in self.regions:
@@ -196,5 +197,5 @@ class Lowerer:
         self.symbol(name, "output", srcn.dtype, srcn.shape, grid)
 
 
-def lower(graph: IRGraph, machine, sink) -> Lowered:
-    return Lowerer(graph, machine).run(sink)
+def lower(graph: IRGraph, machine, sink, reg: Registry) -> Lowered:
+    return Lowerer(graph, machine, reg).run(sink)

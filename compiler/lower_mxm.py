@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler.chains import ChainBuilder
+from lpu.compiler.chains import ChainBuilder, lw_rows
 from lpu.compiler.lower_common import copy
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, dtype_width
@@ -105,11 +105,8 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
                 nrows = min(lanes, K - kt * lanes)
                 srcs = [int(bgrid[kt * lanes + r, nt]) for r in range(nrows)]
                 c.lw_dirty[u] = max(dirty, nrows)
-            for r, src in enumerate(srcs):
-                cb = ChainBuilder(c, n.line, n.id)
-                gi = cb.read(src, wb, pos, 0)
-                cb.lw(u, 0, r, (gi, bdt), after=((("iw", u), 0),), mark=((("lw", u), 0),), cvt=int(cvt))
-                lw.chains.append(cb.chain())
+            lw.chains.append(lw_rows(c, n.line, n.id, u, srcs, wb, pos, bdt, int(cvt),
+                                     after=((("iw", u), 0),), mark=((("lw", u), 0),)))
             cb = ChainBuilder(c, n.line, n.id)
             cb.iw(u, 0, dt, 1 if trans else 0, after=((("lw", u), 1), (("abc", u), hold)),
                   mark=((("iw", u), 0),), pair=pair)

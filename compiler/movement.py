@@ -21,8 +21,10 @@ def source_map(lw, n):
     g = lw.g
     if n.op == "slice":
         x = g.node(n.inputs[0])
-        sel = tuple(e if isinstance(e, int) else slice(e[0], e[1]) for e in n.attrs["index"])
-        flat = np.arange(x.size, dtype=np.int64).reshape(x.shape)[sel].reshape(-1)
+        idx = list(n.attrs["index"]) + [(0, d) for d in x.shape[len(n.attrs["index"]):]]
+        axes = [np.arange(e % d, e % d + 1) if isinstance(e, int) else np.arange(*slice(*e).indices(d))
+                for e, d in zip(idx, x.shape)]      # only the selected elements, not all of x
+        flat = np.ravel_multi_index(np.ix_(*axes), x.shape).reshape(-1).astype(np.int64)
         return [x.id], np.zeros(flat.size, np.int64), flat
     if n.op == "reshape":
         x = g.node(n.inputs[0])

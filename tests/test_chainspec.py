@@ -1,0 +1,114 @@
+"""The chain contract (chainspec) and the array scheduler (schedule + place_core), on small
+hand-made chains: each rule the scheduler enforces moves a chain by a known number of cycles."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lpu.compiler.chainspec import Chain, Ins, Registry, encode
+from lpu.compiler.schedule import Scheduler
+from lpu.isa import opcodes as O
+
+
+def _placed(sched):
+    cyc, q, op, args, line, node = sched.take_placed().take()
+    return cyc.tolist(), q.tolist()
+
+
+def _ins(q, off=0, **kw):
+    return Ins((q,) if isinstance(q, int) else q, off, O.TPIN, [0, 0, 0], **kw)
+
+
+def test_encode_numbers_keys_in_order_of_first_use():
+    reg = Registry()
+    ch = Chain([Ins((3, 4), 2, O.READ, [1, 2], ((2, 0, 1, 3),), bank=5, reads=(7,),
+                    after=((("iw", 0), 1),), mark=((("lw", 0), 0),), extra=((9, 3),)),
+                Ins((3, 4), 0, O.WRITE, [0, 0, 0], writes=(8, 9), after=((("lw", 0), 2),))],
+               [(1, -4, 2)], line=11, node=2, hint=("h", -7))
+    a = encode([ch], reg)
+    assert a.n_ins == 2 and a.ins_ptr.tolist() == [0, 2] and a.grp_ptr.tolist() == [0, 1]
+    assert a.qg.tolist() == [0, 0] and reg.qgroups == {(3, 4): 0}
+    assert a.args[0].tolist() == [1, 2] + [0] * (O.NARGS - 2)
+    assert a.p_ptr.tolist() == [0, 1, 1] and a.p_data.tolist() == [[2, 0, 1, 3]]
+    assert a.r_data.tolist() == [7] and a.w_ptr.tolist() == [0, 0, 2] and a.w_data.tolist() == [8, 9]
+    assert reg.markers == {("iw", 0): 0, ("lw", 0): 1}
+    assert a.a_data.tolist() == [[0, 1], [1, 2]] and a.m_data.tolist() == [[1, 0]]
+    assert a.e_data.tolist() == [[9, 3]] and a.hint.tolist() == [0] and a.hint_delta.tolist() == [-7]
+    assert (a.g_dir.tolist(), a.g_koff.tolist(), a.g_w.tolist()) == ([1], [-4], [2])
+    ptr, qs = reg.qgroup_arrays()
+    assert ptr.tolist() == [0, 2] and qs.tolist() == [3, 4]
+
+
+def test_one_queue_one_instruction_per_cycle(tiny):
+    s = Scheduler(tiny)
+    q = tiny.sxm_queue(0, 0)
+    for _ in range(3):
+        s.place(Chain([_ins(q, 0), _ins(q, 2)], []))
+    cyc, _ = _placed(s)
+    assert cyc == [0, 2, 1, 3, 4, 6]          # third chain: 2 and 3 are taken at offset 0/2
+
+
+def test_alternative_queues_are_taken_in_order(tiny):
+    s = Scheduler(tiny)
+    group = (tiny.sxm_queue(0, 0), tiny.sxm_queue(0, 1))
+    for _ in range(3):
+        s.place(Chain([_ins(group)], []))
+    cyc, q = _placed(s)
+    assert cyc == [0, 0, 1] and q == [group[0], group[1], group[0]]
+
+
+def test_banks_slots_and_markers_order_chains(tiny):
+    s = Scheduler(tiny)
+    q0, q1, q2 = tiny.sxm_queue(0, 0), tiny.sxm_queue(1, 0), tiny.vxm_queue(0)
+    s.place(Chain([_ins(q0, bank=3, writes=(40,))], []))                 # writes slot 40 at 0
+    s.place(Chain([_ins(q1, bank=3)], []))                               # bank 3 busy at 0 -> 1
+    s.place(Chain([_ins(q2, 0, reads=(40,))], []))                       # RAW: after cycle 0 -> 1
+    s.place(Chain([_ins(q2, 0, mark=((("m",), 10),))], []))              # q2 free at 0: marker = 10
+    s.place(Chain([_ins(q0, 0, after=((("m",), 3),))], []))              # >= 13
+    cyc, _ = _placed(s)
+    assert cyc == [0, 1, 1, 0, 13]
+
+
+def test_streams_per_diagonal_and_too_wide_chains(tiny):
+    s = Scheduler(tiny)
+    ns = tiny.streams_per_direction
+    q = (tiny.vxm_queue(0), tiny.vxm_queue(1))
+    s.place(Chain([_ins(q)], [(0, 0, ns - 1)]))
+    s.place(Chain([_ins(q)], [(0, 0, 2)]))        # one stream left on diagonal 0: next cycle
+    cyc, _ = _placed(s)
+    assert cyc == [0, 1]
+    s = Scheduler(tiny)
+    s.place(Chain([_ins(q)], [(1, 5, ns), (1, 5, 1)], line=7))
+    with pytest.raises(AssertionError, match="line 7 needs"):
+        s.flush()
+
+
+def test_tables_grow_with_the_schedule(tiny):
+    s = Scheduler(tiny)
+    q = tiny.sxm_queue(0, 0)
+    s.place(Chain([_ins(q, 0, mark=((("far",), 50_000),))], []))
+    s.place(Chain([_ins(q, 0, after=((("far",), 0),)), _ins(q, 70_000)], []))
+    assert s.predicted_cycles() == 120_000 + O.latency_table(tiny)[O.TPIN] + 1 + tiny.icu_skew
+    assert np.all(s.qbusy[q, [0, 50_000, 120_000]] == 1) and s.qbusy.shape[1] > 120_000
+    cyc, _ = _placed(s)
+    assert cyc == [0, 50_000, 120_000]
+
+
+@pytest.mark.parametrize("w,cvt", [(1, 0), (2, 0), (1, 1)])
+def test_lw_rows_builds_the_chains_of_read_and_lw_row_by_row(tsp, w, cvt):
+    from lpu.compiler.alloc import SlotAllocator
+    from lpu.compiler.chains import ChainBuilder, Ctx, lw_rows
+    from lpu.compiler.chainspec import FIELDS, Flat
+    ctx = Ctx(tsp, SlotAllocator(tsp), Registry())
+    srcs = [0, 8, 100, 3000, 7]
+    pos = tsp.mxm_pos(2)
+    after, mark = ((("iw", 2), 0),), ((("lw", 2), 0),)
+    want = Flat()
+    for r, src in enumerate(srcs):
+        cb = ChainBuilder(ctx, 5, 9)
+        gi = cb.read(src, w, pos, 0)
+        cb.lw(2, 0, r, (gi, 3), after=after, mark=mark, cvt=cvt)
+        want.extend(cb.chain())
+    got = lw_rows(ctx, 5, 9, 2, srcs, w, pos, 3, cvt, after, mark)
+    for f in FIELDS:
+        assert getattr(got, f) == getattr(want, f), f
