@@ -42,9 +42,10 @@ def vxm_chain(lw, node, op, out_base, out_dt, nv, a=None, b=None, imm=0, bimm=0,
     lw.chains.append(cb.chain())
 
 
-def stage(lw, node, v, avoid):
+def stage(lw, node, v, avoid, required: bool = True):
     """Copy vector v = (base, dtype) to a temporary in other slices than the planes of `avoid`
-    (a vector, or a list of vectors)."""
+    (a vector, or a list of vectors). No such slot on a small machine: an error, or None if not
+    `required` (the caller has another way)."""
     w = dtype_width(v[1])
     nsl = lw.ctx.nslices
     avoid = [avoid] if isinstance(avoid, tuple) else avoid
@@ -55,6 +56,8 @@ def stage(lw, node, v, avoid):
         if not ({(int(base) + i) % nsl for i in range(w)} & bad):
             vxm_chain(lw, node, O.VXM_UNARY["CONV"], int(base), v[1], lw.lanes, v)
             return int(base), v[1]
+    if not required:
+        return None
     raise AssertionError("no staging slot")
 
 

@@ -273,7 +273,9 @@ def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y, staged=0) -> bool
     if cb.mem_conflict():         # two operands on one bank: copy b, then a, elsewhere
         i = 2 if y[0] != "imm" and not staged else 1
         vs = [c, x, y]
-        vs[i] = stage(lw, node, vs[i], [v for j, v in enumerate(vs) if j != i and v[0] != "imm"])
+        vs[i] = stage(lw, node, vs[i], [v for j, v in enumerate(vs) if j != i and v[0] != "imm"], required=False)
+        if vs[i] is None:         # no slot clear of the other two: the caller goes through temporaries
+            return False
         return _where_chain(lw, node, out_base, out_dt, cdt, nv, *vs, staged=staged + 1)
     keep, drop, add = (O.VXM_BINARY[k] for k in ("KEEP", "DROP", "ADD"))
     lat = ctx.lat[keep]
