@@ -113,10 +113,7 @@ def elementwise(el, op: str, args: list, at, shown: str | None = None):
         tdt = dt if tdt is None else ops.promote(tdt, dt)
     any_float = any(isinstance(v, float) for v in scalars)
     sdt = ("f32" if any_float else "i32") if tdt is None else ops.promote_weak(tdt, any_float)
-    dtypes = [el.dtype(v) if isinstance(v, Tensor) else sdt for v in args[:first] + vals]
-    if first:
-        dtypes[0] = el.dtype(args[0])
-    result = ops.result_dtype(op, *dtypes)
+    result = ops.result_dtype(op, *(el.dtype(v) if isinstance(v, Tensor) else sdt for v in args))
     if any_float and tdts and not any(map(S.is_float, tdts)) and not S.is_float(result):
         # an integer tensor meets a float number and the result is no float (a comparison):
         # compare in f32, which the VXM sees from the operand's dtype

@@ -42,22 +42,17 @@ def vxm_chain(lw, node, op, out_base, out_dt, nv, a=None, b=None, imm=0, bimm=0,
     lw.chains.append(cb.chain())
 
 
-def stage(lw, node, v, avoid, required: bool = True):
-    """Copy vector v = (base, dtype) to a temporary in other slices than the planes of `avoid`
-    (a vector, or a list of vectors). No such slot on a small machine: an error, or None if not
-    `required` (the caller has another way)."""
+def stage(lw, node, v, avoid):
+    """Copy vector v = (base, dtype) to a temporary in other slices than `avoid`'s planes."""
     w = dtype_width(v[1])
     nsl = lw.ctx.nslices
-    avoid = [avoid] if isinstance(avoid, tuple) else avoid
-    bad = {(x[0] + i) % nsl for x in avoid for i in range(dtype_width(x[1]))}
+    bad = {(avoid[0] + i) % nsl for i in range(dtype_width(avoid[1]))}
     grid, region = lw.temp((1, 12 * lw.lanes), v[1])      # 12 vectors: some miss avoid's slices
     lw.free_temp(region)
     for base in grid.reshape(-1):
         if not ({(int(base) + i) % nsl for i in range(w)} & bad):
             vxm_chain(lw, node, O.VXM_UNARY["CONV"], int(base), v[1], lw.lanes, v)
             return int(base), v[1]
-    if not required:
-        return None
     raise AssertionError("no staging slot")
 
 

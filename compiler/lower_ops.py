@@ -1,8 +1,11 @@
-"""Lowering of each op family to chains (see chains.py for the building blocks).
+"""Lowering of each op family to chains (see chains.py and lower_common.py for the building
+blocks). `LOWER` maps every op of the table (compiler/ops.py) to its routine.
 
-  elementwise   READ operands -> VXM op -> WRITE, one chain per output vector; a scalar
-                constant rides along as the instruction's immediate; an operand broadcast
-                along the last axis is first spread over the lanes by the SXM (DISTRIBUTE)
+  elementwise   READ operands -> VXM op (the table's opcode) -> WRITE, one chain per output
+                vector; a scalar constant rides along as the instruction's immediate; an operand
+                broadcast along the last axis is first spread over the lanes by the SXM
+                (DISTRIBUTE)
+  where         READ cond, a, b -> KEEP and DROP on two ALUs -> ADD -> WRITE
   reductions    over the last axis: chunks combined on the VXM, then a lane tree
                 (SXM SHIFT or ROTATE by 1, 2, 4, ... feeding VXM ADD or MAX); over other axes:
                 VXM ops across vectors
@@ -18,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import lower_mxm, movement, ops
-from lpu.compiler.lower_common import (  # noqa: F401 (copy: used by lower.py)
-    copy, imm_bits, lane_step_chain, nv_of, stage, sxm_chain, sxm_vxm_chain, vxm_chain,
+from lpu.compiler.lower_common import (
+    copy, imm_bits, lane_step_chain, nv_of, sxm_chain, sxm_vxm_chain, vxm_chain,
 )
 from lpu.compiler.chains import ChainBuilder
 from lpu.isa import opcodes as O
@@ -226,9 +229,9 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
 # ---- where ---------------------------------------------------------------------------------
 def lower_where(lw, n):
     """where(c, a, b) per output vector: KEEP(a, c) and DROP(b, c) side by side on two ALUs, their
-    sum (one of them is the zero -0.0, or 0: exact) on a third, in one chain fed from SRAM. A
-    machine with one ALU, or too few streams for the three operands on one diagonal, goes
-    through SRAM temporaries instead (three chains)."""
+    sum (one of them is the zero -0.0, or 0: exact) on a third, in one chain fed from SRAM. Where
+    that chain cannot be placed (one ALU, too few streams for the three operands on one
+    diagonal, or two operands on one bank) the three go through SRAM temporaries."""
     out = lw.grid[n.id]
     lw.pending_free = []
     cond, a, b = (_operand(lw, i, n.shape, out, n) for i in n.inputs)
@@ -240,20 +243,20 @@ def lower_where(lw, n):
         nv = nv_of(n.shape, lw.lanes, idx[-1])
         c, x, y = ((int(o[1][idx]), o[2]) if o[0] == "grid" else ("imm", imm_bits(o[1], cfloat))
                    for o in (cond, a, b))
-        if temps is None and not _where_chain(lw, n, int(out[idx]), n.dtype, cdt, nv, c, x, y):
-            temps = [lw.temp(n.shape, cdt) for _ in range(2)]
-        if temps is not None:
-            t1, t2 = (int(t[0][idx]) for t in temps)
-            for op, t, v in (("KEEP", t1, x), ("DROP", t2, y)):
-                imm, bimm, v = (v[1], 2, None) if v[0] == "imm" else (0, 0, v)
-                vxm_chain(lw, n, O.VXM_BINARY[op], t, cdt, lw.lanes, v, c, imm=imm, bimm=bimm)
-            vxm_chain(lw, n, O.VXM_BINARY["ADD"], int(out[idx]), n.dtype, nv, (t1, cdt), (t2, cdt))
+        if _where_chain(lw, n, int(out[idx]), n.dtype, cdt, nv, c, x, y):
+            continue
+        temps = temps or [lw.temp(n.shape, cdt) for _ in range(2)]
+        t1, t2 = (int(t[0][idx]) for t in temps)
+        for op, t, v in (("KEEP", t1, x), ("DROP", t2, y)):
+            imm, bimm, v = (v[1], 2, None) if v[0] == "imm" else (0, 0, v)
+            vxm_chain(lw, n, O.VXM_BINARY[op], t, cdt, lw.lanes, v, c, imm=imm, bimm=bimm)
+        vxm_chain(lw, n, O.VXM_BINARY["ADD"], int(out[idx]), n.dtype, nv, (t1, cdt), (t2, cdt))
     for r in lw.pending_free + [t[1] for t in temps or ()]:
         lw.free_temp(r)
 
 
-def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y, staged=0) -> bool:
-    """The one-chain form of lower_where; False when the machine cannot place it."""
+def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y) -> bool:
+    """The one-chain form of lower_where; False (and nothing added) when it cannot be placed."""
     ctx = lw.ctx
     if ctx.m.vxm_alus < 2:
         return False
@@ -270,13 +273,8 @@ def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y, staged=0) -> bool
         return groups[key], DTYPE_CODE[v[1]]
 
     gc, gx, gy = read(c), read(x), read(y)
-    if cb.mem_conflict():         # two operands on one bank: copy b, then a, elsewhere
-        i = 2 if y[0] != "imm" and not staged else 1
-        vs = [c, x, y]
-        vs[i] = stage(lw, node, vs[i], [v for j, v in enumerate(vs) if j != i and v[0] != "imm"], required=False)
-        if vs[i] is None:         # no slot clear of the other two: the caller goes through temporaries
-            return False
-        return _where_chain(lw, node, out_base, out_dt, cdt, nv, *vs, staged=staged + 1)
+    if cb.mem_conflict():
+        return False
     keep, drop, add = (O.VXM_BINARY[k] for k in ("KEEP", "DROP", "ADD"))
     lat = ctx.lat[keep]
     links = [(cb.link(vpos, vpos, lat, dtype_width(cdt)), DTYPE_CODE[cdt]) for _ in range(2)]

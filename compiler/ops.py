@@ -72,22 +72,17 @@ def define(op: OpDef) -> OpDef:
 
 def _derive():
     """The family sets and spellings, recomputed from the table whenever it changes."""
-    global LEAVES, UNARY, BINARY, COMPARE, ELEMENTWISE, REDUCE, MOVEMENT, ALL_OPS, OPERATORS, BUILTIN
+    global LEAVES, UNARY, BINARY, COMPARE, ELEMENTWISE, REDUCE, OPERATORS, BUILTIN
     fam = {}
     for d in OPS.values():
         fam.setdefault(d.family, set()).add(d.name)
     f = lambda *names: frozenset().union(*(fam.get(n, ()) for n in names))   # noqa: E731
     LEAVES, UNARY, BINARY, COMPARE = f("leaf"), f("unary"), f("binary"), f("compare")
-    ELEMENTWISE = f("unary", "binary", "compare", "select", "cast")    # one VXM step per vector
-    REDUCE, MOVEMENT, ALL_OPS = f("reduce"), f("movement"), frozenset(OPS)
+    ELEMENTWISE = f("unary", "binary", "compare", "select", "cast")    # element by element
+    REDUCE = f("reduce")
     OPERATORS = {d.spell: d.name for d in OPS.values()                   # `a < b` -> lt
                  if d.arity == 2 and d.spell and not d.spell.isidentifier()}
     BUILTIN = {d.spell: d.name for d in OPS.values() if d.spell.isidentifier()}   # `exp(x)` -> exp
-
-
-def family(*names: str) -> frozenset:
-    """The ops of the given families."""
-    return frozenset(d.name for d in OPS.values() if d.family in names)
 
 
 def gpu_class(cls: str) -> frozenset:

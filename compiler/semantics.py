@@ -80,14 +80,12 @@ def convert(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def elementwise(op: str, xs: list, result: str) -> np.ndarray:
-    """An elementwise op (unary, binary, comparison, where) in its compute dtype, converted to
-    `result`. `where`'s condition is only tested against zero: it does not choose the compute
-    dtype."""
-    vals = xs[1:] if op == "where" else xs
-    ct = compute_dtype([_from_np(x.dtype) for x in vals], result)
-    args = [x.astype(ct) for x in vals]
-    if op == "where":
-        args = [xs[0], *args]
+    """An elementwise op (unary, binary, comparison, select) in its compute dtype, converted to
+    `result`. A select's condition (`where`'s) is only tested against zero: it does not choose
+    the compute dtype."""
+    first = 1 if ops.OPS[op].family == "select" else 0
+    ct = compute_dtype([_from_np(x.dtype) for x in xs[first:]], result)
+    args = xs[:first] + [x.astype(ct) for x in xs[first:]]
     with np.errstate(all="ignore"):
         return convert(ops.OPS[op].fn(*args), result)
 

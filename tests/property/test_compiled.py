@@ -62,3 +62,20 @@ def test_binary_and_assembly_round_trip(dsl, machine):
     back = assemble(text, "generated.s")
     assert back == prog
     assert encode(back) == data
+
+
+MASK_OPS = ("compare", "where", "where", "binary", "scalar", "cast", "reduce", "unary", "slice", "matmul")
+
+
+@given(programs(ops=MASK_OPS), any_machine)
+def test_masks_and_where_match_reference_and_verify(dsl, machine):
+    """Comparisons and `where` among the ops they meet most (the one-chain and the SRAM forms of
+    `where`, integer and float conditions, numbers as values)."""
+    prog, graph = build(dsl, machine)
+    found = verify(prog)
+    assert not found, "\n".join(map(str, found[:20]))
+    vals = values(graph)
+    result = run(prog, vals)
+    res = check(graph, prog, vals, result)
+    assert res["ok"], res
+    assert result.cycles == prog.predicted_cycles
