@@ -35,6 +35,8 @@ def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | 
 
 
 def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None) -> Program:
+    from lpu.compiler.frontend import check_size
+    check_size(graph, machine)                # limit 'vector_ops', before any lowering
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
     sched = Scheduler(machine)

@@ -48,6 +48,8 @@ def check_mxm(c, e):
         for i in np.flatnonzero((e.args[sel, f] < 0) | (e.args[sel, f] >= hi)):
             c.add("operand", int(sel[i]), f"{what} {int(e.args[sel[i], f])} out of range 0..{hi - 1}", e)
     _busy(c, e, iw, abc, abc_dt)
+    ok = (e.args[lw, 0] >= 0) & (e.args[lw, 0] < m.lanes)   # rows out of range: reported above
+    lw, lw_dt = lw[ok], lw_dt[ok]
     # LW -> IW: each LW is installed by the first IW of its plane in its cycle or later
     iwkey = e.unit[iw] * BIG + e.cycle[iw]
     o = np.argsort(iwkey, kind="stable")
@@ -72,7 +74,7 @@ def check_mxm(c, e):
     np.maximum.at(top, ins, e.args[lw[installed], 0])
     for j in np.flatnonzero((cnt > 0) & (cnt != top + 1)):
         rows = set(e.args[lw[installed][ins == j], 0].tolist())
-        gaps = sorted(set(range(int(top[j]) + 1)) - rows)
+        gaps = [r for r in range(int(top[j]) + 1) if r not in rows][:8]
         c.add("mxm-order", int(iw[j]), f"installs rows 0..{int(top[j])} of plane {int(e.unit[iw[j]])}, but rows "
               f"{gaps[:8]} were not loaded since the previous IW (they hold stale weights)", e)
     # ABC: the weights installed on its plane by the last IW before it
