@@ -33,7 +33,8 @@ def peak_mib() -> float:
 class Tally:
     def __init__(self, keep: str, limit_s: float, memory_mib: float):
         self.keep, self.limit_s, self.memory_mib = keep, limit_s, memory_mib
-        self.heavy = []          # cases during which the process' peak memory passed memory_mib
+        self.heavy = []
+        self.n = 0          # cases during which the process' peak memory passed memory_mib
         self.counts, self.bad, self.slow, self.disagree = {}, [], [], []
         self.max_s, self.max_cpu = {}, {}
 
@@ -44,6 +45,11 @@ class Tally:
             c.get("ok" if outcome.rc == 0 else "refused" if outcome.rc == 2 else "bad", 0) + 1
         self.max_s[kind] = max(self.max_s.get(kind, 0.0), outcome.seconds)
         self.max_cpu[kind] = max(self.max_cpu.get(kind, 0.0), outcome.cpu_s)
+        self.n += 1
+        if self.n % 250 == 0:      # progress, so that a run cut short still says what it covered
+            print(json.dumps({"progress": self.counts, "internal_errors": len(self.bad), "over_limit": len(self.slow),
+                              "disagree": len(self.disagree), "peak_rss_mib": round(peak_mib())}),
+                  file=sys.stderr, flush=True)
         heavy = peak_mib() > self.memory_mib and not self.heavy
         if heavy:
             self.heavy.append((kind, seed, outcome.rc, round(peak_mib())))
