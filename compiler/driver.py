@@ -26,6 +26,8 @@ def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | 
     """The back end. The cyclic garbage collector is paused meanwhile: lowering creates
     millions of small acyclic objects, and its passes over them cost more than the work."""
     was_enabled = gc.isenabled()
+    from lpu.compiler.frontend import check_size
+    check_size(graph, machine)            # limit 'vector_ops', before any lowering
     gc.disable()
     try:
         return _compile_graph(graph, machine, stats)
@@ -35,8 +37,6 @@ def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | 
 
 
 def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None) -> Program:
-    from lpu.compiler.frontend import check_size
-    check_size(graph, machine)                # limit 'vector_ops', before any lowering
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
     sched = Scheduler(machine)

@@ -212,8 +212,6 @@ CASES = [
          ["error: b.lpubin: corrupt .lpubin: symbol 'x': layout 'banks' has shape"]),
     Case("constant not its shape", {"b.lpubin": lambda b: _binary("const")}, ["run", "b.lpubin"],
          ["error: b.lpubin: corrupt .lpubin: symbol", "its data is"]),
-    Case("stored source over a limit, with --check", {"b.lpubin": lambda b: _binary("loop")}, ["run", "b.lpubin", "--check"],
-         ["error: the source stored in the binary exceeds a limit:", "the loop runs 100,000,000 times"]),
     Case("config: too few slices", {"m.toml": TINY_TOML.replace("mem_slices_per_hemisphere = 8", "mem_slices_per_hemisphere = 2")},
          ["compile", "p.lpu", "--machine", "m.toml"],
          ["error: m.toml: field 'mem_slices_per_hemisphere' must be in 4..256, got 2 (the compiler needs free slices"]),
