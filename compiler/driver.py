@@ -29,6 +29,8 @@ def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | 
     The cyclic garbage collector is paused meanwhile: lowering creates
     millions of small acyclic objects, and its passes over them cost more than the work."""
     was_enabled = gc.isenabled()
+    from lpu.compiler.frontend import check_size
+    check_size(graph, machine)            # limit 'vector_ops', before any lowering
     gc.disable()
     try:
         return _compile_graph(graph, machine, stats, repeat)

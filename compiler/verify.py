@@ -35,6 +35,7 @@ neither).
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import asdict, dataclass
 
@@ -150,6 +151,11 @@ class Checker:
         line = int(self.p.line[src])
         self.out.append(Violation(kind, cyc, qn, src, name, line, message, self.p.source_line(line)))
 
+    def few(self, items):
+        """The first of `items` that can still be reported (at most `limit` violations in all):
+        a broken program can have millions, and each report costs Python time."""
+        return itertools.islice(items, max(self.limit - len(self.out), 0))
+
     def describe(self, e, i) -> str:
         return f"#{int(e.src[i])} {O.OPS[int(e.op[i])].name} on {self.m.queues[int(e.queue[i])][0]} at cycle {int(e.cycle[i])}"
 
@@ -200,7 +206,7 @@ class Checker:
         key = e.queue * (1 << 40) + e.cycle
         order = np.argsort(key, kind="stable")
         dup = np.flatnonzero(key[order][1:] == key[order][:-1])
-        for d in dup:
+        for d in self.few(dup):
             a, b = order[d], order[d + 1]
             self.add("queue", int(b), f"queue already issued {self.describe(e, a)} in this cycle", e)
 
@@ -230,7 +236,7 @@ class Checker:
         order = np.lexsort((w_ev, wkey))
         wk_s, wev_s = wkey[order], w_ev[order]
         dup = np.flatnonzero(wk_s[1:] == wk_s[:-1])
-        for d in dup:
+        for d in self.few(dup):
             a, b = wev_s[d], wev_s[d + 1]
             k = int(w_k[order][d + 1])
             self.add("two-writers", int(b), f"{self._sname(w_dir[order][d + 1], w_s[order][d + 1])} diagonal {k} "
@@ -242,7 +248,7 @@ class Checker:
         rpos = e.pos[r_ev]
         upstream = np.where(r_dir == 0, wpos <= rpos, wpos >= rpos)
         bad = np.flatnonzero(~(found & upstream))
-        for i in bad:
+        for i in self.few(bad):
             ev = int(r_ev[i])
             name = self._sname(r_dir[i], r_s[i])
             if found[i]:
@@ -258,7 +264,7 @@ class Checker:
                             f"{abs(dk)} cycle{'s' if abs(dk) > 1 else ''} {'late' if dk > 0 else 'early'})")
             self.add("stream-empty", ev, msg, e)
         unread = np.flatnonzero(~np.isin(wk_s, rkey))
-        for j in unread:
+        for j in self.few(unread):
             self.add("stream-unread", int(wev_s[j]), f"its value on {self._sname(w_dir[order][j], w_s[order][j])} "
                      f"diagonal {int(w_k[order][j])} is never read", e)
 
@@ -273,7 +279,7 @@ class Checker:
             w = np.where(mem, 1, np.where(acc, 4, WIDTH[np.clip(dt, 0, len(WIDTH) - 1)]))
             ok &= s + w <= spd
             ok &= ~acc | (dt == O.DT_I32) | (dt == O.DT_F32)
-            for i in np.flatnonzero(~ok):
+            for i in self.few(np.flatnonzero(~ok)):
                 self.add("operand", int(sel[i]), f"invalid stream operand {int(ref[i])}", e)
             sel, d, s, w = sel[ok], d[ok], s[ok], w[ok]
             c = e.cycle[sel] + (e.lat[sel] if is_write else 0)
@@ -293,7 +299,7 @@ class Checker:
         sel = np.flatnonzero(UNIT[e.op] == UNIT_MEM)
         bank, addr = e.args[sel, 0], e.args[sel, 1]
         ok = (bank >= 0) & (bank < m.banks_per_slice) & (addr >= 0) & (addr < m.addresses_per_bank)
-        for i in np.flatnonzero(~ok):
+        for i in self.few(np.flatnonzero(~ok)):
             self.add("operand", int(sel[i]), f"bank {int(bank[i])} address {int(addr[i])} out of range "
                      f"(banks < {m.banks_per_slice}, addresses < {m.addresses_per_bank})", e)
         sel, bank, addr = sel[ok], bank[ok], addr[ok]
@@ -301,7 +307,7 @@ class Checker:
         key = gb * (1 << 40) + e.cycle[sel]
         order = np.argsort(key, kind="stable")
         ks = key[order]
-        for d in np.flatnonzero(ks[1:] == ks[:-1]):
+        for d in self.few(np.flatnonzero(ks[1:] == ks[:-1])):
             a, b = sel[order[d]], sel[order[d + 1]]
             self.add("bank-conflict", int(b), f"slice {int(e.unit[b])} bank {int(e.args[b, 0])} is already accessed "
                      f"in this cycle by {self.describe(e, a)}", e)
@@ -339,7 +345,7 @@ class Checker:
         cr = np.cumsum(~wr)
         reads_total = np.add.reduceat(~wr, gstart) if n else empty
         reads_after = reads_total[gid] - (cr - np.concatenate([[0], cr])[gstart][gid])
-        for i in np.flatnonzero(~wr & (writes_before == 0) & ~loaded):
+        for i in self.few(np.flatnonzero(~wr & (writes_before == 0) & ~loaded)):
             self.add("sram-live", int(ev[i]), f"reads {self._slot(slot[i])}, which holds no value yet", e)
         # a value is live from its WRITE through the reads of one consumer: no other WRITE may
         # fall between the first and the last read of a slot by one IR node (a write nobody
@@ -355,7 +361,7 @@ class Checker:
             cwi = np.cumsum(wr)
             hit = np.flatnonzero(cwi[pos[ge]] - cwi[pos[gs]] > 0)
             wpos = np.flatnonzero(wr)
-            for g in hit:
+            for g in self.few(hit):
                 a, b = pos[gs[g]], pos[ge[g]]
                 between = wpos[np.searchsorted(wpos, a):np.searchsorted(wpos, b)]
                 other = between[node[between] != node[a]]     # a node may reuse its own scratch
@@ -364,7 +370,7 @@ class Checker:
                 w = other[0]
                 self.add("sram-live", int(ev[w]), f"overwrites {self._slot(slot[w])} while it is still read: by "
                          f"{self.describe(e, ev[a])} and again by {self.describe(e, ev[b])} (same IR node)", e)
-        for i in np.flatnonzero(wr & is_ro & (reads_after > 0)):
+        for i in self.few(np.flatnonzero(wr & is_ro & (reads_after > 0))):
             self.add("sram-live", int(ev[i]), f"overwrites {self._slot(slot[i])} of a loaded tensor, which is "
                      f"still read later ({int(reads_after[i])} more read{'s' if reads_after[i] > 1 else ''})", e)
 

@@ -38,16 +38,18 @@ def check_mxm(c, e):
     lw_dt, iw_dt, abc_dt = e.args[lw, 1] >> 8, e.args[iw, 0], e.args[abc, 0] >> 8
     cvt = e.args[lw, O.BY_NAME["LW"].field_index("cvt")] != 0
     bad_cvt = cvt & (lw_dt != O.DT_I8)
-    for i in np.flatnonzero(bad_cvt):
+    for i in c.few(np.flatnonzero(bad_cvt)):
         c.add("operand", int(lw[i]), "LW cvt=1 widens an i8 row: its operand must be i8", e)
     lw_dt = np.where(cvt, O.DT_F16, lw_dt)    # the row lands in the f16 buffer
     for sel, dt, what in ((lw, lw_dt, "LW"), (iw, iw_dt, "IW"), (abc, abc_dt, "ABC")):
-        for i in np.flatnonzero(~_mxm_dtype_ok(dt, e.unit[sel])):
+        for i in c.few(np.flatnonzero(~_mxm_dtype_ok(dt, e.unit[sel]))):
             c.add("operand", int(sel[i]), f"{what} dtype {int(dt[i])}: i8, or f16 on an even plane", e)
     for sel, f, hi, what in ((lw, 0, m.lanes, "weight row"), (abc, 1, m.acc_rows, "accumulator row")):
-        for i in np.flatnonzero((e.args[sel, f] < 0) | (e.args[sel, f] >= hi)):
+        for i in c.few(np.flatnonzero((e.args[sel, f] < 0) | (e.args[sel, f] >= hi))):
             c.add("operand", int(sel[i]), f"{what} {int(e.args[sel[i], f])} out of range 0..{hi - 1}", e)
     _busy(c, e, iw, abc, abc_dt)
+    ok = (e.args[lw, 0] >= 0) & (e.args[lw, 0] < m.lanes)   # rows out of range: reported above
+    lw, lw_dt = lw[ok], lw_dt[ok]
     # LW -> IW: each LW is installed by the first IW of its plane in its cycle or later
     iwkey = e.unit[iw] * BIG + e.cycle[iw]
     o = np.argsort(iwkey, kind="stable")
@@ -55,13 +57,13 @@ def check_mxm(c, e):
     gi = np.searchsorted(iwkey, e.unit[lw] * BIG + e.cycle[lw], "right")
     gic = np.minimum(gi, max(len(iw) - 1, 0))
     installed = (gi < len(iw)) & (e.unit[iw[gic]] == e.unit[lw]) if len(iw) else np.zeros(len(lw), bool)
-    for i in np.flatnonzero(~installed):
+    for i in c.few(np.flatnonzero(~installed)):
         c.add("mxm-order", int(lw[i]), f"weight row {int(e.args[lw[i], 0])} is loaded but no later IW on "
               f"plane {int(e.unit[lw[i]])} installs it", e)
-    for i in np.flatnonzero(installed & (lw_dt != iw_dt[gic])):
+    for i in c.few(np.flatnonzero(installed & (lw_dt != iw_dt[gic]))):
         c.add("mxm-order", int(lw[i]), f"LW of dtype {O.DTYPES[int(lw_dt[i])]} is installed by "
               f"{c.describe(e, iw[gic[i]])} as {O.DTYPES[int(iw_dt[gic[i]])]}", e)
-    for a, b in _dups((gi * (1 << 20) + e.unit[lw]) * m.lanes * 2 + e.args[lw, 0], lw):
+    for a, b in c.few(_dups((gi * (1 << 20) + e.unit[lw]) * m.lanes * 2 + e.args[lw, 0], lw)):
         c.add("mxm-order", int(b), f"weight row {int(e.args[b, 0])} of plane {int(e.unit[b])} is loaded again "
               f"before {c.describe(e, a)} was installed", e)
     # the rows an install loads are 0..n-1: a row skipped below the last one loaded would keep
@@ -70,18 +72,18 @@ def check_mxm(c, e):
     cnt = np.bincount(ins, minlength=len(iw))
     top = np.full(len(iw), -1, np.int64)
     np.maximum.at(top, ins, e.args[lw[installed], 0])
-    for j in np.flatnonzero((cnt > 0) & (cnt != top + 1)):
+    for j in c.few(np.flatnonzero((cnt > 0) & (cnt != top + 1))):
         rows = set(e.args[lw[installed][ins == j], 0].tolist())
-        gaps = sorted(set(range(int(top[j]) + 1)) - rows)
+        gaps = [r for r in range(int(top[j]) + 1) if r not in rows][:8]
         c.add("mxm-order", int(iw[j]), f"installs rows 0..{int(top[j])} of plane {int(e.unit[iw[j]])}, but rows "
               f"{gaps[:8]} were not loaded since the previous IW (they hold stale weights)", e)
     # ABC: the weights installed on its plane by the last IW before it
     wi = np.searchsorted(iwkey, e.unit[abc] * BIG + e.cycle[abc], "right") - 1
     wic = np.maximum(wi, 0)
     has = (wi >= 0) & (e.unit[iw[wic]] == e.unit[abc]) if len(iw) else np.zeros(len(abc), bool)
-    for i in np.flatnonzero(~has):
+    for i in c.few(np.flatnonzero(~has)):
         c.add("mxm-order", int(abc[i]), f"no weights are installed on plane {int(e.unit[abc[i]])} yet", e)
-    for i in np.flatnonzero(has & (iw_dt[wic] != abc_dt)):
+    for i in c.few(np.flatnonzero(has & (iw_dt[wic] != abc_dt))):
         c.add("mxm-order", int(abc[i]), f"{O.DTYPES[int(abc_dt[i])]} operand, but {c.describe(e, iw[wic[i]])} "
               f"installed {O.DTYPES[int(iw_dt[wic[i]])]} weights", e)
     _accumulators(c, e)
@@ -99,7 +101,7 @@ def _busy(c, e, iw, abc, abc_dt):
     ev, plane, start, end = ev[order], plane[order], start[order], end[order]
     held = np.maximum.accumulate(plane * BIG + end)
     prev = np.concatenate([[-1], held[:-1]])
-    for i in np.flatnonzero(prev > plane * BIG + start):
+    for i in c.few(np.flatnonzero(prev > plane * BIG + start)):
         holder = ev[:i][np.flatnonzero(plane[:i] * BIG + end[:i] == prev[i])[-1]]
         c.add("unit-busy", int(ev[i]), f"MXM plane {int(plane[i])} is held until cycle {int(prev[i] - plane[i] * BIG)} "
               f"by {c.describe(e, holder)}", e)
@@ -148,7 +150,7 @@ def check_transposes(c, e):
     buf_in, row, buf_out, col = e.args[tin, 1], e.args[tin, 2], e.args[tout, 0], e.args[tout, 1]
     nb = O.SXM_TRANSPOSE_BUFFERS
     for sel, buf, w, x in ((tin, buf_in, w_in, row), (tout, buf_out, w_out, col)):
-        for i in np.flatnonzero((buf < 0) | (buf + w > nb) | (x < 0) | (x >= lanes)):
+        for i in c.few(np.flatnonzero((buf < 0) | (buf + w > nb) | (x < 0) | (x >= lanes))):
             c.add("operand", int(sel[i]), f"transpose buffer {int(buf[i])} (width {int(w[i])}) or row/column "
                   f"{int(x[i])} out of range", e)
     # one entry per buffer plane: TPIN (h, buf + b, row); TPOUT reads every row of buf + b
@@ -161,10 +163,10 @@ def check_transposes(c, e):
     out_buf = e.unit[out_ev] * nb + buf_out[r_out] + b_out
     okey = np.sort(out_buf * BIG + e.cycle[out_ev])
     epoch = np.searchsorted(okey, in_buf * BIG + e.cycle[in_ev], "right")   # TPOUTs in its cycle came first
-    for a, b in _dups((epoch * (nb * 2) + in_buf) * lanes + row[r_in], in_ev):
+    for a, b in c.few(_dups((epoch * (nb * 2) + in_buf) * lanes + row[r_in], in_ev)):
         c.add("mxm-order", int(b), f"transpose row {int(e.args[b, 2])} is filled again before "
               f"{c.describe(e, a)} was read out", e)
     ikey = np.sort(in_buf * BIG + e.cycle[in_ev])
     filled = np.searchsorted(ikey, out_buf * BIG + e.cycle[out_ev], "left") - np.searchsorted(ikey, out_buf * BIG)
-    for i in np.unique(out_ev[filled == 0]):
+    for i in c.few(np.unique(out_ev[filled == 0])):
         c.add("mxm-order", int(i), "reads a transpose buffer that no earlier TPIN filled", e)

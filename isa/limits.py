@@ -18,6 +18,7 @@ DEFAULTS = {
     "ir_nodes": 20_000,              # nodes of the IR graph (the bundled programs have at most ~3,000)
     "dim": 2**31 - 1,                # one dimension of a tensor
     "tensor_elements": 2**36,        # elements of one tensor
+    "vector_ops": 4_000_000,         # vector operations of a program, estimated before lowering
     "errors": 50,                    # source errors reported (then "and N more")
     # binaries and configs
     "instructions": 32_000_000,      # instructions of a program, REPEATs expanded

@@ -264,6 +264,8 @@ def _binary(kind: str) -> bytes:
     if kind == "repeat":        # a NOP after a unit instruction becomes REPEAT n=2**31-1 d=1
         i = next(i for i in np.flatnonzero(p.op == O.NOP) if p.queue[i - 1] == p.queue[i] and p.op[i - 1] > O.NOTIFY)
         p.op[i], p.args[i, :2] = O.REPEAT, (2**31 - 1, 1)
+    elif kind == "loop":        # run does not elaborate it (only --check does, within the limits)
+        p = dataclasses.replace(p, source_lines=["input x : f16[4, 16]", "for i in 0..100000000 { y = x }", "output y"])
     elif kind == "shape":
         x.shape = (65536, 32768)
     elif kind == "layout":
@@ -426,3 +428,14 @@ def test_output_to_a_fifo_and_a_device_is_written_in_place(tmp_path, monkeypatch
     before = os.stat("/dev/null")
     assert _lpu(capsys, ["compile", "p.lpu", "--machine", "tiny", "-o", "/dev/null"])[0] == 0
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and os.stat("/dev/null").st_ino == before.st_ino
+
+
+def test_run_of_a_binary_does_not_elaborate_its_stored_source(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "b.lpubin").write_bytes(_binary("loop"))
+    import lpu.compiler.frontend
+
+    def elaborate(*a, **k):
+        raise AssertionError("the stored source was elaborated")
+    monkeypatch.setattr(lpu.compiler.frontend, "elaborate_source", elaborate)
+    assert _lpu(capsys, ["run", "b.lpubin"])[0] == 0
