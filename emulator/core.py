@@ -7,7 +7,12 @@ cache, which freezes globals, never holds a stale opcode numbering.
 
 Streams: per (direction, stream) a ring buffer indexed by diagonal k mod `ring_size` (a power of
 two above positions + latency) holds the diagonal written, the writer's position and execution
-index, and the payload bytes: the tuple `ring` = (ring_k, ring_pos, ring_src, ring_pay).
+index, the payload bytes and whether anyone read it: the tuple `ring` = (ring_k, ring_pos,
+ring_src, ring_pay, ring_rd). A value nobody read is a hazard (H_UNREAD), found when its slot is
+reused or at the end of the run, and reported at its writer.
+
+SRAM is the compact image of emulator/prepare.py, uint8[rows, lanes], with a valid flag per row
+(set for loaded tensors and by WRITE/SCATTER): a READ of a row without a value is a hazard.
 
 A hazard stops the run: `hz` receives (kind, execution index, cycle, x0, x1, x2, x3) and the
 function returns the number of instructions executed before it.
@@ -25,7 +30,17 @@ from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS, DTYPE_NAMES: used by r
 TRANSPOSE_BUFFERS = 4
 
 # hazard kinds (messages in run.py)
-H_NONE, H_STREAM_EMPTY, H_TWO_WRITERS, H_BANK, H_ADDR, H_BUSY, H_NOT_READY, H_DTYPE, H_OPERAND = range(9)
+(H_NONE, H_STREAM_EMPTY, H_TWO_WRITERS, H_BANK, H_ADDR, H_BUSY, H_NOT_READY, H_DTYPE, H_OPERAND, H_SRAM_EMPTY,
+ H_UNREAD, H_INSTALL) = range(12)
+
+# the core's units (emulator/prepare.py maps the opcode table's unit of every opcode onto these)
+# and the unit each core operation runs on: an opcode reaches a core operation only if the
+# table puts it on the same unit
+U_MEM, U_VXM, U_MXM, U_SXM = range(4)
+UNIT_CODE = {"mem": U_MEM, "vxm": U_VXM, "mxm": U_MXM, "sxm": U_SXM}
+_UNIT_OPS = {U_MEM: ("READ", "WRITE", "GATHER", "SCATTER"), U_MXM: ("LW", "IW", "ABC", "ACC"),
+             U_SXM: ("SHIFT", "ROTATE", "PERMUTE", "DISTRIBUTE", "TPIN", "TPOUT")}
+CORE_UNIT_OF = {name: next((u for u, names in _UNIT_OPS.items() if name in names), U_VXM) for name in CORE_OPS}
 
 # counters
 K_BANK_ACCESSES, K_VXM_BUSY, K_MXM_BUSY, K_SXM_BUSY, K_MACS, K_SRAM_READ, K_SRAM_WRITTEN = range(7)
@@ -95,7 +110,7 @@ def ref_ok(ref, w, spd):
 @njit(cache=True)
 def stream_read(ref, w, q, c, ring, dst, hz):
     """Read w byte planes of ref at position q in cycle c into dst; False on a hazard."""
-    ring_k, ring_pos, _, ring_pay = ring
+    ring_k, ring_pos, _, ring_pay, ring_rd = ring
     d = (ref >> 6) & 3
     s = ref & 63
     k = c - q if d == 0 else c + q
@@ -109,33 +124,57 @@ def stream_read(ref, w, q, c, ring, dst, hz):
             hz[5] = k
             hz[6] = wpos if ring_k[d, s + b, slot] == k else -1
             return False
-        for l in range(dst.shape[1]):
-            dst[b, l] = ring_pay[d, s + b, slot, l]
+    for b in range(w):
+        ring_rd[d, s + b, slot] = 1
+        dst[b, :] = ring_pay[d, s + b, slot, :]
     return True
 
 
 @njit(cache=True)
 def stream_write(ref, w, p, c, ex, ring, src, hz):
     """Put w byte planes of src on ref at position p in cycle c (writer execution index ex)."""
-    ring_k, ring_pos, ring_src, ring_pay = ring
+    ring_k, ring_pos, ring_src, ring_pay, ring_rd = ring
     d = (ref >> 6) & 3
     s = ref & 63
     k = c - p if d == 0 else c + p
     slot = k & (ring_k.shape[2] - 1)
     for b in range(w):
-        if ring_k[d, s + b, slot] == k:
+        old = ring_k[d, s + b, slot]
+        if old == k:
             hz[0] = H_TWO_WRITERS
             hz[3] = d
             hz[4] = s + b
             hz[5] = k
             hz[6] = ring_src[d, s + b, slot]
             return False
+        if old != NO_DIAG and ring_rd[d, s + b, slot] == 0:
+            hz[0] = H_UNREAD
+            hz[3] = d
+            hz[4] = s + b
+            hz[5] = old
+            hz[6] = ring_src[d, s + b, slot]
+            return False
+    for b in range(w):
         ring_k[d, s + b, slot] = k
         ring_pos[d, s + b, slot] = p
         ring_src[d, s + b, slot] = ex
-        for l in range(src.shape[1]):
-            ring_pay[d, s + b, slot, l] = src[b, l]
+        ring_rd[d, s + b, slot] = 0
+        ring_pay[d, s + b, slot, :] = src[b, :]
     return True
+
+
+@njit(cache=True)
+def first_unread(ring, hz):
+    """At the end of the run: the earliest-written value still unread, as an H_UNREAD hazard."""
+    ring_k, _, ring_src, _, ring_rd = ring
+    best = -1
+    for d in range(ring_k.shape[0]):
+        for s in range(ring_k.shape[1]):
+            for slot in range(ring_k.shape[2]):
+                if ring_k[d, s, slot] != NO_DIAG and ring_rd[d, s, slot] == 0 and (best < 0 or ring_src[d, s, slot] < best):
+                    best = ring_src[d, s, slot]
+                    hz[0], hz[3], hz[4], hz[5], hz[6] = H_UNREAD, d, s, ring_k[d, s, slot], best
+    return best < 0
 
 
 @njit(cache=True)
@@ -148,10 +187,11 @@ def operand_error(hz, field, value):
 
 # ---- units -------------------------------------------------------------------------------------
 @njit(cache=True)
-def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring, sa, sb, hz, counters):
+def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo, bank_last, ring, sa, sb, hz,
+             counters):
     bank, addr = a[0], a[1]
-    nbanks, naddr = mem.shape[1], mem.shape[2]
-    if bank < 0 or bank >= nbanks or addr < 0 or addr >= naddr:
+    lanes = mem.shape[1]
+    if bank < 0 or bank >= bank_base.shape[1] or addr < 0 or addr >= naddr:
         hz[0], hz[3], hz[4], hz[5] = H_ADDR, s, bank, addr
         return False
     if bank_last[s, bank] == t:
@@ -159,18 +199,19 @@ def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring, sa, sb, 
         return False
     bank_last[s, bank] = t
     counters[K_BANK_ACCESSES] += 1
+    row = bank_base[s, bank] + addr - bank_lo[s, bank]
     if op == C_READ or op == C_WRITE:
         if not ref_ok(a[2], 1, spd):
             return operand_error(hz, 2, a[2])
         if op == C_READ:
-            for l in range(lanes):
-                sa[0, l] = mem[s, bank, addr, l]
+            if valid[row] == 0:
+                hz[0], hz[3], hz[4], hz[5] = H_SRAM_EMPTY, s, bank, addr
+                return False
             counters[K_SRAM_READ] += lanes
-            return stream_write(a[2], 1, p, t + lat, ex, ring, sa, hz)
-        if not stream_read(a[2], 1, p, t, ring, sa, hz):
+            return stream_write(a[2], 1, p, t + lat, ex, ring, mem[row:row + 1], hz)
+        if not stream_read(a[2], 1, p, t, ring, mem[row:row + 1], hz):
             return False
-        for l in range(lanes):
-            mem[s, bank, addr, l] = sa[0, l]
+        valid[row] = 1
         counters[K_SRAM_WRITTEN] += lanes
         return True
     for f in (2, 3):
@@ -184,13 +225,14 @@ def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring, sa, sb, 
             return False
     if op == C_GATHER:
         for l in range(lanes):
-            sa[0, l] = mem[s, bank, addr + sb[0, l], l]
+            sa[0, l] = mem[row + sb[0, l], l]
         counters[K_SRAM_READ] += lanes
         return stream_write(a[3], 1, p, t + lat, ex, ring, sa, hz)
     if not stream_read(a[3], 1, p, t, ring, sa, hz):
         return False
     for l in range(lanes):
-        mem[s, bank, addr + sb[0, l], l] = sa[0, l]
+        mem[row + sb[0, l], l] = sa[0, l]
+        valid[row + sb[0, l]] = 1
     counters[K_SRAM_WRITTEN] += lanes
     return True
 
@@ -235,7 +277,8 @@ def mxm_input_ok(ref, plane, spd):
 
 
 @njit(cache=True)
-def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta, pend_n, ybuf, hz, counters):
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts, wdt, busy,
+             acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta, pend_n, ybuf, hz, counters):
     if op == C_LW:
         row, ref, cvt = a[0], a[1], a[2]
         if row < 0 or row >= lanes:
@@ -247,6 +290,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         w = WIDTH[ref >> 8]
         if not stream_read(ref, w, p, t, ring, sa, hz):
             return False
+        lw_dt[plane, row] = D_F16 if cvt != 0 else ref >> 8
         if cvt != 0:
             for l in range(lanes):
                 bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
@@ -263,6 +307,11 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         if busy[plane] > t:
             hz[0], hz[3], hz[4] = H_BUSY, plane, busy[plane]
             return False
+        for r in range(lanes):
+            if lw_dt[plane, r] != -1 and lw_dt[plane, r] != dt:
+                hz[0], hz[3], hz[4], hz[5] = H_INSTALL, lw_dt[plane, r], dt, r
+                return False
+        lw_dt[plane, :] = -1
         busy[plane] = t + 1
         flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits)
         install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane])
@@ -381,13 +430,16 @@ ABC_BATCH = 32     # an ABC's product is computed when its plane's ACC or IW com
 
 # ---- the run -----------------------------------------------------------------------------------
 @njit(cache=True)
-def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring_size, nplanes, acc_rows, pair_cycles,
-            mem, tables, f16tab, hz, counters):
-    """Execute the sorted instruction list; returns how many ran (all, or up to the hazard)."""
+def execute(cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, ring_size, nplanes, acc_rows, pair_cycles,
+            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, hz, counters):
+    """Execute the sorted instruction list; returns how many ran (all, or up to the hazard).
+    Dispatch is by each instruction's core unit (`cunit`), then by its core operation."""
     ring = (np.full((2, spd, ring_size), NO_DIAG, np.int64), np.zeros((2, spd, ring_size), np.int64),
-            np.zeros((2, spd, ring_size), np.int64), np.zeros((2, spd, ring_size, lanes), np.uint8))
-    bank_last = np.full((mem.shape[0], mem.shape[1]), -1, np.int64)
+            np.zeros((2, spd, ring_size), np.int64), np.zeros((2, spd, ring_size, lanes), np.uint8),
+            np.zeros((2, spd, ring_size), np.uint8))
+    bank_last = np.full((bank_base.shape[0], bank_base.shape[1]), -1, np.int64)
     lbuf = np.zeros((nplanes, lanes, lanes, 2), np.uint8)
+    lw_dt = np.full((nplanes, lanes), -1, np.int64)
     wts = np.zeros((nplanes, lanes, lanes), np.float64)
     wdt = np.full(nplanes, -1, np.int64)
     busy = np.zeros(nplanes, np.int64)
@@ -408,20 +460,27 @@ def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring_size, npla
     pend_n = np.zeros(nplanes, np.int64)
     ybuf = np.zeros((ABC_BATCH, lanes), np.float64)
     for i in range(cyc.shape[0]):
-        t, op, q, a = cyc[i], ops[i], queues[i], args[i]
-        p = qpos[q]
-        if op <= C_SCATTER:
-            ok = mem_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, mem, bank_last, ring, sa, sb, hz, counters)
-        elif op <= C_ACC:
-            ok = mxm_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
-                          lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta, pend_n,
-                          ybuf, hz, counters)
-        elif op <= C_MASK:
+        t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
+        p = upos[i]
+        if u == U_MEM:
+            ok = mem_exec(op, a, uidx[i], p, t, i, lat[i], spd, naddr, mem, valid, bank_base, bank_lo, bank_last,
+                          ring, sa, sb, hz, counters)
+        elif u == U_MXM:
+            ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
+                          lbuf, lw_dt, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta,
+                          pend_n, ybuf, hz, counters)
+        elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)
         else:
-            ok = sxm_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, tables, ring, tbuf, sa, so, hz, counters)
+            ok = sxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, tables, ring, tbuf, sa, so, hz, counters)
         if not ok:
-            hz[1], hz[2] = i, t
+            if hz[0] == H_UNREAD:      # reported at the writer of the value nobody read
+                hz[1], hz[2] = hz[6], cyc[hz[6]]
+            else:
+                hz[1], hz[2] = i, t
             return i
+    if not first_unread(ring, hz):
+        hz[1], hz[2] = hz[6], cyc[hz[6]]
+        return cyc.shape[0]
     return cyc.shape[0]

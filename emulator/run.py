@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lpu.emulator import core
+from lpu.emulator.prepare import Prepared, prepare
 from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
 from lpu.isa.machine import UNIT_ICU, UNIT_MXM, UNIT_NAMES
@@ -25,8 +26,6 @@ from lpu.isa.program import Program, Symbol, vector_grid
 if tuple(core.DTYPE_NAMES) != tuple(O.DTYPES):
     raise ImportError("emulator.core dtype codes differ from isa.opcodes.DTYPES")
 
-# opcode -> core operation (-1: ICU markers, which the core never sees)
-CORE_OP = np.array([core.CORE_OPS.index(s.name) if s.unit != UNIT_ICU else -1 for s in O.OPS], np.int32)
 PHASE = np.array([s.phase for s in O.OPS], np.int32)
 OP_UNIT = np.array([s.unit for s in O.OPS], np.int32)
 OP_ROLE = np.array([s.role for s in O.OPS], np.int32)
@@ -43,6 +42,9 @@ HAZARD_TEXT = {
     core.H_NOT_READY: "operand not ready",
     core.H_DTYPE: "dtype mismatch",
     core.H_OPERAND: "invalid operand",
+    core.H_SRAM_EMPTY: "SRAM read of an address that holds no value",
+    core.H_UNREAD: "value put on a stream that nothing reads",
+    core.H_INSTALL: "weights installed as another type than loaded",
 }
 
 
@@ -174,39 +176,25 @@ def _from_bits(dtype: str, by: np.ndarray) -> np.ndarray:
     return by.copy().view(np.dtype(NUMPY_DTYPE[dtype]).newbyteorder("<"))[..., 0].astype(NUMPY_DTYPE[dtype])
 
 
-def _planes(sym: Symbol, m) -> tuple:
-    """(rows, chunks, cols) and the flat (slice, bank, addr) index of every byte plane."""
-    rows, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
-    nvec = rows * chunks
-    idx = []
-    for a, hi in (("slices", m.mem_slices), ("banks", m.banks_per_slice), ("addrs", m.addresses_per_bank)):
-        v = np.asarray(getattr(sym, a))
-        if v.shape != (nvec, sym.width):
-            raise LpuError(f"tensor '{sym.name}': layout '{a}' has shape {v.shape}, expected {(nvec, sym.width)}")
-        if v.size and (v.min() < 0 or v.max() >= hi):
-            raise LpuError(f"tensor '{sym.name}': layout '{a}' out of range 0..{hi - 1}")
-        idx.append(v.ravel())
-    return (rows, chunks, cols), tuple(idx)
+def _store(mem: np.ndarray, rows: np.ndarray, sym: Symbol, arr: np.ndarray, m):
+    nrow, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
+    by = np.zeros((nrow, chunks * m.lanes, sym.width), np.uint8)
+    by[:, :cols] = _to_bits(sym.dtype, arr.reshape(nrow, cols))
+    mem[rows.ravel()] = by.reshape(nrow, chunks, m.lanes, sym.width).transpose(0, 1, 3, 2).reshape(-1, m.lanes)
 
 
-def _store(mem: np.ndarray, sym: Symbol, arr: np.ndarray, m):
-    (rows, chunks, cols), idx = _planes(sym, m)
-    by = np.zeros((rows, chunks * m.lanes, sym.width), np.uint8)
-    by[:, :cols] = _to_bits(sym.dtype, arr.reshape(rows, cols))
-    mem[idx] = by.reshape(rows, chunks, m.lanes, sym.width).transpose(0, 1, 3, 2).reshape(-1, m.lanes)
-
-
-def _fetch(mem: np.ndarray, sym: Symbol, m) -> np.ndarray:
-    (rows, chunks, cols), idx = _planes(sym, m)
-    by = mem[idx].reshape(rows, chunks, sym.width, m.lanes).transpose(0, 1, 3, 2).reshape(rows, -1, sym.width)
+def _fetch(mem: np.ndarray, rows: np.ndarray, sym: Symbol, m) -> np.ndarray:
+    nrow, _, cols = vector_grid(tuple(sym.shape), m.lanes)
+    by = mem[rows.ravel()].reshape(nrow, -1, sym.width, m.lanes).transpose(0, 1, 3, 2).reshape(nrow, -1, sym.width)
     return _from_bits(sym.dtype, by[:, :cols]).reshape(tuple(sym.shape))
 
 
-def load(program: Program, values: dict) -> np.ndarray:
-    """A fresh SRAM image uint8[slices, banks, addresses, lanes] holding every input, weight,
-    state and constant tensor of the program at its place."""
+def load(program: Program, values: dict, prep: Prepared | None = None) -> np.ndarray:
+    """A fresh compact SRAM image uint8[rows, lanes] (emulator/prepare.py) holding every input,
+    weight, state and constant tensor of the program at its place."""
     m = program.machine
-    mem = np.zeros((m.mem_slices, m.banks_per_slice, m.addresses_per_bank, m.lanes), np.uint8)
+    prep = prep or prepare(program, schedule)
+    mem = np.zeros((max(prep.nrows, 1), m.lanes), np.uint8)
     wanted = {s.name: s for s in program.symbols if s.kind in ("input", "weight", "state")}
     unknown = sorted(set(values) - set(wanted))
     if unknown:
@@ -217,6 +205,9 @@ def load(program: Program, values: dict) -> np.ndarray:
     for sym in program.symbols:
         if sym.kind == "const":
             arr = np.asarray(sym.data)
+            if arr.size != int(np.prod(sym.shape, dtype=np.int64)):
+                raise LpuError(f"constant '{sym.name}' holds {arr.size} values, its shape {list(sym.shape)} needs "
+                               f"{int(np.prod(sym.shape, dtype=np.int64))}")
         elif sym.name in wanted:
             arr = np.asarray(values[sym.name])
             want = np.dtype(NUMPY_DTYPE[sym.dtype])
@@ -225,14 +216,15 @@ def load(program: Program, values: dict) -> np.ndarray:
                                f"got {arr.dtype} {list(arr.shape)}")
         else:
             continue
-        _store(mem, sym, arr.reshape(tuple(sym.shape)), m)
+        _store(mem, prep.sym_rows[sym.name], sym, arr.reshape(tuple(sym.shape)), m)
     return mem
 
 
 # ---- the run ------------------------------------------------------------------------------------
 HAZARD_KIND = {core.H_STREAM_EMPTY: "stream-read", core.H_TWO_WRITERS: "two-writers", core.H_BANK: "bank-conflict",
                core.H_ADDR: "address", core.H_BUSY: "unit-busy", core.H_NOT_READY: "not-ready",
-               core.H_DTYPE: "dtype", core.H_OPERAND: "operand"}
+               core.H_DTYPE: "dtype", core.H_OPERAND: "operand", core.H_SRAM_EMPTY: "sram-live",
+               core.H_UNREAD: "stream-unread", core.H_INSTALL: "mxm-order"}
 
 
 def _stream_name(d: int, s: int) -> str:
@@ -269,6 +261,15 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
     elif kind == core.H_NOT_READY:
         expected = f"issue at cycle {x2} or later"
         detail = f"accumulator row {x1} of MXM plane {x0} is ready at cycle {x2}"
+    elif kind == core.H_SRAM_EMPTY:
+        expected = "a WRITE to the address earlier, or a tensor loaded there"
+        detail = f"on slice {x0} bank {x1} address {x2} (expected {expected})"
+    elif kind == core.H_UNREAD:
+        expected = "a reader at or downstream of the writer in the cycle the value passes"
+        detail = f"on {_stream_name(x0, x1)} diagonal {x2} (expected {expected})"
+    elif kind == core.H_INSTALL:
+        expected = _dtype_name(x1)
+        detail = f"weight row {x2} was loaded as {_dtype_name(x0)}, the IW installs {expected}"
     elif kind == core.H_DTYPE:
         expected = _dtype_name(x1)
         detail = f"{_dtype_name(x0)} where the unit holds {expected}"
@@ -288,21 +289,16 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
 def run(program: Program, values: dict, trace: bool = False) -> RunResult:
     """Run `program` on `values` (every input, weight and state tensor, by name)."""
     m = program.machine
-    mem = load(program, values)
-    s = schedule(program)
-    tables = np.ascontiguousarray(program.tables, np.int64)
-    if tables.ndim != 2 or tables.shape[1] != m.lanes:
-        raise LpuError(f"bad program: SXM tables have shape {tables.shape}, expected [n, {m.lanes}]")
-    qidx = np.array([q[2] for q in m.queues], np.int64)
-    qpos = np.array([q[4] for q in m.queues], np.int64)
-    ring_size = 64
-    while ring_size < 2 * (m.n_positions + max(m.latency.values()) + 1):
-        ring_size *= 2
+    prep = prepare(program, schedule)
+    s = prep.sched
+    mem = load(program, values, prep)
+    valid = np.zeros(len(mem), np.uint8)
+    valid[prep.loaded_rows] = 1
     hz = np.zeros(8, np.int64)
     counters = np.zeros(core.N_COUNTERS, np.int64)
-    core.execute(s.cycle, CORE_OP[s.op], s.queue.astype(np.int64), s.args, s.latency, qidx, qpos,
-                 m.lanes, m.streams_per_direction, ring_size, m.mxm_planes, m.acc_rows, m.f16_pair_cycles,
-                 mem, tables, F16_TO_F32, hz, counters)
+    core.execute(s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency,
+                 m.lanes, m.streams_per_direction, prep.ring_size, m.mxm_planes, m.acc_rows, m.f16_pair_cycles,
+                 m.addresses_per_bank, prep.bank_base, prep.bank_lo, mem, valid, prep.tables, F16_TO_F32, hz, counters)
     if hz[0] != core.H_NONE:
         raise _hazard(program, s, hz)
     cycles = s.cycles + m.icu_skew if len(s.cycle) else 0
@@ -315,7 +311,7 @@ def run(program: Program, values: dict, trace: bool = False) -> RunResult:
                   queue_instructions=np.bincount(s.queue, minlength=len(m.queues)))
     util = {k: (busy[k] / (cycles * units[k]) if cycles else 0.0) for k in ("mxm", "vxm", "mem", "sxm")}
     return RunResult(
-        outputs={y.name: _fetch(mem, y, m) for y in program.symbols if y.kind == "output"},
-        states={y.name: _fetch(mem, y, m) for y in program.symbols if y.kind == "state"},
+        outputs={y.name: _fetch(mem, prep.sym_rows[y.name], y, m) for y in program.symbols if y.kind == "output"},
+        states={y.name: _fetch(mem, prep.sym_rows[y.name], y, m) for y in program.symbols if y.kind == "state"},
         cycles=cycles, instructions=len(s.cycle), counters=counts, utilization=util,
         trace=Trace(s.cycle, s.src, s.repeat) if trace else None)
