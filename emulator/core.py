@@ -53,16 +53,18 @@ NO_DIAG = -(1 << 62)
 @njit(cache=True)
 def install(buf, dt, trans, lanes, f16tab, w):
     """w[k, n] = the weight buffer (transposed if trans) as numbers."""
+    v = np.empty(lanes, np.float64)
     for r in range(lanes):
-        for c in range(lanes):
-            if dt == D_I8:
-                v = np.float64(np.int8(buf[r, c, 0]))
-            else:
-                v = np.float64(f16tab[np.int64(buf[r, c, 0]) | (np.int64(buf[r, c, 1]) << 8)])
-            if trans:
-                w[c, r] = v
-            else:
-                w[r, c] = v
+        if dt == D_I8:
+            for c in range(lanes):
+                v[c] = np.float64(np.int8(buf[r, c, 0]))
+        else:
+            for c in range(lanes):
+                v[c] = np.float64(f16tab[np.int64(buf[r, c, 0]) | (np.int64(buf[r, c, 1]) << 8)])
+        if trans:
+            w[:, r] = v
+        else:
+            w[r, :] = v
 
 
 @njit(cache=True)
@@ -100,14 +102,14 @@ def flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits):
 
 
 # ---- streams -----------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def ref_ok(ref, w, spd):
     d = (ref >> 6) & 3
     s = ref & 63
     return ref >= 0 and d <= 1 and s + w <= spd
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def stream_read(ref, w, q, c, ring, dst, hz):
     """Read w byte planes of ref at position q in cycle c into dst; False on a hazard."""
     ring_k, ring_pos, _, ring_pay, ring_rd = ring
@@ -126,11 +128,12 @@ def stream_read(ref, w, q, c, ring, dst, hz):
             return False
     for b in range(w):
         ring_rd[d, s + b, slot] = 1
-        dst[b, :] = ring_pay[d, s + b, slot, :]
+        for l in range(dst.shape[1]):
+            dst[b, l] = ring_pay[d, s + b, slot, l]
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def stream_write(ref, w, p, c, ex, ring, src, hz):
     """Put w byte planes of src on ref at position p in cycle c (writer execution index ex)."""
     ring_k, ring_pos, ring_src, ring_pay, ring_rd = ring
@@ -159,7 +162,8 @@ def stream_write(ref, w, p, c, ex, ring, src, hz):
         ring_pos[d, s + b, slot] = p
         ring_src[d, s + b, slot] = ex
         ring_rd[d, s + b, slot] = 0
-        ring_pay[d, s + b, slot, :] = src[b, :]
+        for l in range(src.shape[1]):
+            ring_pay[d, s + b, slot, l] = src[b, l]
     return True
 
 
@@ -177,7 +181,7 @@ def first_unread(ring, hz):
     return best < 0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def operand_error(hz, field, value):
     hz[0] = H_OPERAND
     hz[3] = field
@@ -186,7 +190,7 @@ def operand_error(hz, field, value):
 
 
 # ---- units -------------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo, bank_last, ring, sa, sb, hz,
              counters):
     bank, addr = a[0], a[1]
@@ -429,24 +433,45 @@ ABC_BATCH = 32     # an ABC's product is computed when its plane's ACC or IW com
 
 
 # ---- the run -----------------------------------------------------------------------------------
+def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
+    """The core's unit state (allocated once per prepared program, reset by `reset`): stream
+    rings, bank use, MXM weight buffers, weights, accumulators and pending ABCs, transpose
+    buffers, and scratch vectors."""
+    return ((np.full((2, spd, ring_size), NO_DIAG, np.int64), np.zeros((2, spd, ring_size), np.int64),
+             np.zeros((2, spd, ring_size), np.int64), np.zeros((2, spd, ring_size, lanes), np.uint8),
+             np.zeros((2, spd, ring_size), np.uint8)),
+            np.full((slices, banks), -1, np.int64),               # bank_last
+            np.zeros((nplanes, lanes, lanes, 2), np.uint8),       # lbuf
+            np.full((nplanes, lanes), -1, np.int64),              # lw_dt
+            np.zeros((nplanes, lanes, lanes), np.float64),        # wts
+            np.full(nplanes, -1, np.int64),                       # wdt
+            np.zeros(nplanes, np.int64),                          # busy
+            np.zeros((nplanes, acc_rows, lanes), np.uint32),      # acc_bits
+            np.full((nplanes, acc_rows), -1, np.int64),           # acc_kind
+            np.zeros((nplanes, acc_rows), np.int64),              # acc_ready
+            np.zeros((2, TRANSPOSE_BUFFERS, lanes, lanes), np.uint8),   # tbuf
+            np.zeros((nplanes, ABC_BATCH, lanes), np.float64),    # pend_x: ABCs not yet multiplied out
+            np.zeros((nplanes, ABC_BATCH, 3), np.int64),          # pend_meta: (acc row, accum, dtype)
+            np.zeros(nplanes, np.int64))                          # pend_n
+
+
+def reset(ws):
+    """Back to the state of a machine that has run nothing (what a run can observe)."""
+    ring, bank_last, lbuf, lw_dt, wts, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n = ws
+    ring[0].fill(NO_DIAG)
+    ring[4].fill(0)
+    for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wts, 0), (wdt, -1), (busy, 0), (acc_bits, 0),
+                 (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0)):
+        a.fill(v)
+
+
 @njit(cache=True)
-def execute(cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, ring_size, nplanes, acc_rows, pair_cycles,
-            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, hz, counters):
+def execute(cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles,
+            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, hz, counters):
     """Execute the sorted instruction list; returns how many ran (all, or up to the hazard).
     Dispatch is by each instruction's core unit (`cunit`), then by its core operation."""
-    ring = (np.full((2, spd, ring_size), NO_DIAG, np.int64), np.zeros((2, spd, ring_size), np.int64),
-            np.zeros((2, spd, ring_size), np.int64), np.zeros((2, spd, ring_size, lanes), np.uint8),
-            np.zeros((2, spd, ring_size), np.uint8))
-    bank_last = np.full((bank_base.shape[0], bank_base.shape[1]), -1, np.int64)
-    lbuf = np.zeros((nplanes, lanes, lanes, 2), np.uint8)
-    lw_dt = np.full((nplanes, lanes), -1, np.int64)
-    wts = np.zeros((nplanes, lanes, lanes), np.float64)
-    wdt = np.full(nplanes, -1, np.int64)
-    busy = np.zeros(nplanes, np.int64)
-    acc_bits = np.zeros((nplanes, acc_rows, lanes), np.uint32)
-    acc_kind = np.full((nplanes, acc_rows), -1, np.int64)
-    acc_ready = np.zeros((nplanes, acc_rows), np.int64)
-    tbuf = np.zeros((2, TRANSPOSE_BUFFERS, lanes, lanes), np.uint8)
+    (ring, bank_last, lbuf, lw_dt, wts, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
+     pend_n) = ws
     sa = np.zeros((4, lanes), np.uint8)
     sb = np.zeros((4, lanes), np.uint8)
     so = np.zeros((4, lanes), np.uint8)
@@ -455,9 +480,6 @@ def execute(cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, ring_size, nplan
     ia = np.zeros(lanes, np.int64)
     u32 = np.zeros(lanes, np.uint32)
     f32v = u32.view(np.float32)
-    pend_x = np.zeros((nplanes, ABC_BATCH, lanes), np.float64)    # ABCs not yet multiplied out
-    pend_meta = np.zeros((nplanes, ABC_BATCH, 3), np.int64)        # (acc row, accum, dtype)
-    pend_n = np.zeros(nplanes, np.int64)
     ybuf = np.zeros((ABC_BATCH, lanes), np.float64)
     for i in range(cyc.shape[0]):
         t, op, u, a = cyc[i], cop[i], cunit[i], args[i]

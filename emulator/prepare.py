@@ -69,6 +69,8 @@ class Prepared:
     loaded_rows: np.ndarray   # rows that hold a value before cycle 0
     tables: np.ndarray
     ring_size: int
+    workspace: tuple | None = None   # the core's unit state, kept between runs (emulator/core.py)
+    mem: np.ndarray | None = None    # the compact SRAM image, kept between runs (run.load)
 
 
 def symbol_planes(sym: Symbol, m) -> tuple:

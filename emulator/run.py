@@ -190,11 +190,17 @@ def _fetch(mem: np.ndarray, rows: np.ndarray, sym: Symbol, m) -> np.ndarray:
 
 
 def load(program: Program, values: dict, prep: Prepared | None = None) -> np.ndarray:
-    """A fresh compact SRAM image uint8[rows, lanes] (emulator/prepare.py) holding every input,
-    weight, state and constant tensor of the program at its place."""
+    """The compact SRAM image uint8[rows, lanes] (emulator/prepare.py), cleared, holding every
+    input, weight, state and constant tensor of the program at its place. The array is the
+    prepared program's own (kept between runs, so a run pays no page faults for it): a program
+    is run by one thread at a time."""
     m = program.machine
     prep = prep or prepare(program, schedule)
-    mem = np.zeros((max(prep.nrows, 1), m.lanes), np.uint8)
+    if prep.mem is None:
+        prep.mem = np.zeros((max(prep.nrows, 1), m.lanes), np.uint8)
+    else:
+        prep.mem.fill(0)
+    mem = prep.mem
     wanted = {s.name: s for s in program.symbols if s.kind in ("input", "weight", "state")}
     unknown = sorted(set(values) - set(wanted))
     if unknown:
@@ -296,9 +302,15 @@ def run(program: Program, values: dict, trace: bool = False) -> RunResult:
     valid[prep.loaded_rows] = 1
     hz = np.zeros(8, np.int64)
     counters = np.zeros(core.N_COUNTERS, np.int64)
+    if prep.workspace is None:
+        prep.workspace = core.workspace(m.lanes, m.streams_per_direction, prep.ring_size, m.mxm_planes, m.acc_rows,
+                                        m.mem_slices, m.banks_per_slice)
+    else:
+        core.reset(prep.workspace)
     core.execute(s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency,
-                 m.lanes, m.streams_per_direction, prep.ring_size, m.mxm_planes, m.acc_rows, m.f16_pair_cycles,
-                 m.addresses_per_bank, prep.bank_base, prep.bank_lo, mem, valid, prep.tables, F16_TO_F32, hz, counters)
+                 m.lanes, m.streams_per_direction, m.acc_rows, m.f16_pair_cycles,
+                 m.addresses_per_bank, prep.bank_base, prep.bank_lo, mem, valid, prep.tables, F16_TO_F32,
+                 prep.workspace, hz, counters)
     if hz[0] != core.H_NONE:
         raise _hazard(program, s, hz)
     cycles = s.cycles + m.icu_skew if len(s.cycle) else 0
