@@ -20,6 +20,7 @@ function returns the number of instructions executed before it.
 import numpy as np
 from numba import njit
 
+from lpu.emulator.mxm import accumulate, exact_in_f64, install, note, products
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS, DTYPE_NAMES: used by run.py)
     CORE_OPS, DTYPE_NAMES, C_ABC, C_ACC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
     C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SCATTER, C_SHIFT, C_TPIN,
@@ -32,6 +33,7 @@ TRANSPOSE_BUFFERS = 4
 # hazard kinds (messages in run.py)
 (H_NONE, H_STREAM_EMPTY, H_TWO_WRITERS, H_BANK, H_ADDR, H_BUSY, H_NOT_READY, H_DTYPE, H_OPERAND, H_SRAM_EMPTY,
  H_UNREAD, H_INSTALL) = range(12)
+H_FLUSH = 99      # not a hazard: the host is asked to multiply out a plane's batch (see `flush`)
 
 # the core's units (emulator/prepare.py maps the opcode table's unit of every opcode onto these)
 # and the unit each core operation runs on: an opcode reaches a core operation only if the
@@ -49,56 +51,23 @@ N_COUNTERS = 7
 NO_DIAG = -(1 << 62)
 
 
-# ---- MXM ---------------------------------------------------------------------------------------
+# ---- MXM (arithmetic in emulator/mxm.py) -------------------------------------------------------
 @njit(cache=True)
-def install(buf, dt, trans, lanes, f16tab, w):
-    """w[k, n] = the weight buffer (transposed if trans) as numbers."""
-    v = np.empty(lanes, np.float64)
-    for r in range(lanes):
-        if dt == D_I8:
-            for c in range(lanes):
-                v[c] = np.float64(np.int8(buf[r, c, 0]))
-        else:
-            for c in range(lanes):
-                v[c] = np.float64(f16tab[np.int64(buf[r, c, 0]) | (np.int64(buf[r, c, 1]) << 8)])
-        if trans:
-            w[:, r] = v
-        else:
-            w[r, :] = v
-
-
-@njit(cache=True)
-def flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits):
-    """Apply the plane's pending ABCs in issue order. Their products are computed together
-    (each weight row read once for the batch), each element still summed over k in order in
-    float64, so the result is that of one product per ABC."""
+def flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_bits, bulk_min, hz):
+    """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
+    hz = H_FLUSH, plane) where the batch is at least `bulk_min` long and BLAS gives the same bits
+    (mxm.exact_in_f64): the host does it then (run.py) and resumes at the same instruction."""
     n = pend_n[plane]
     if n == 0:
-        return
-    w = wts[plane]
-    for b in range(n):
-        for m in range(lanes):
-            ybuf[b, m] = 0.0
-    for k in range(lanes):
-        row = w[k]
-        for b in range(n):
-            xk = pend_x[plane, b, k]
-            yb = ybuf[b]
-            for m in range(lanes):
-                yb[m] += xk * row[m]
-    for b in range(n):
-        r, accum, dt = pend_meta[plane, b, 0], pend_meta[plane, b, 1], pend_meta[plane, b, 2]
-        if dt == D_I8:
-            acc_i = acc_bits[plane, r].view(np.int32)
-            for m in range(lanes):
-                v = np.int64(ybuf[b, m])
-                acc_i[m] = wrap32(acc_i[m] + v) if accum != 0 else v
-        else:
-            acc_f = acc_bits[plane, r].view(np.float32)
-            for m in range(lanes):
-                y32 = np.float32(ybuf[b, m])
-                acc_f[m] = np.float32(acc_f[m] + y32) if accum != 0 else y32
+        return True
+    if bulk_min > 0 and n >= bulk_min and exact_in_f64(pstat[plane], wstat[plane], lanes):
+        hz[0], hz[3] = H_FLUSH, plane
+        return False
+    products(pend_x[plane], n, wts[plane], ybuf)
+    accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
+    pstat[plane, :] = 0
+    return True
 
 
 # ---- streams -----------------------------------------------------------------------------------
@@ -281,8 +250,9 @@ def mxm_input_ok(ref, plane, spd):
 
 
 @njit(cache=True)
-def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts, wdt, busy,
-             acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta, pend_n, ybuf, hz, counters):
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts, wstat,
+             wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta, pend_n, pstat, ybuf, bulk_min, hz,
+             counters):
     if op == C_LW:
         row, ref, cvt = a[0], a[1], a[2]
         if row < 0 or row >= lanes:
@@ -305,6 +275,8 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
             lbuf[plane, row, :, b] = sa[b, :]
         return True
     if op == C_IW:
+        if not flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_bits, bulk_min, hz):
+            return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
             return operand_error(hz, 0, dt)
@@ -317,11 +289,13 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
                 return False
         lw_dt[plane, :] = -1
         busy[plane] = t + 1
-        flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits)
-        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane])
+        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane], wstat[plane])
         wdt[plane] = dt
         return True
     if op == C_ABC:
+        if pend_n[plane] == pend_x.shape[1] and not flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat,
+                                                         ybuf, acc_bits, bulk_min, hz):
+            return False
         ref, row, accum = a[0], a[1], a[2]
         if not mxm_input_ok(ref, plane, spd):
             return operand_error(hz, 0, ref)
@@ -345,21 +319,23 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         if not stream_read(ref, WIDTH[dt], p, t, ring, sa, hz):
             return False
         nb = pend_n[plane]
+        x = pend_x[plane, nb]
+        st = pstat[plane]
         for l in range(lanes):
-            pend_x[plane, nb, l] = np.float64(np.int8(sa[0, l])) if dt == D_I8 else f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
+            x[l] = np.float64(np.int8(sa[0, l])) if dt == D_I8 else f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
+            note(st, x[l])
         pend_meta[plane, nb, 0], pend_meta[plane, nb, 1], pend_meta[plane, nb, 2] = row, accum, dt
         pend_n[plane] = nb + 1
-        if nb + 1 == pend_x.shape[1]:
-            flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits)
         acc_kind[plane, row] = kind
         acc_ready[plane, row] = t + lat
         counters[K_MXM_BUSY] += 1 if dt == D_I8 else 2 * pair_cycles
         counters[K_MACS] += lanes * lanes
         return True
+    if not flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_bits, bulk_min, hz):
+        return False
     row, ref = a[0], a[1]  # ACC
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
-    flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits)
     if ref < 0 or not (ref >> 8 == D_I32 or ref >> 8 == D_F32) or not ref_ok(ref, 4, spd):
         return operand_error(hz, 1, ref)
     if acc_ready[plane, row] > t:
@@ -429,7 +405,7 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
     return stream_write(oref, w, p, t + lat, ex, ring, so, hz)
 
 
-ABC_BATCH = 32     # an ABC's product is computed when its plane's ACC or IW comes, or 32 wait
+ABC_BATCH = 128    # an ABC's product is computed when its plane's ACC or IW comes, or 128 wait
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -444,6 +420,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.zeros((nplanes, lanes, lanes, 2), np.uint8),       # lbuf
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
             np.zeros((nplanes, lanes, lanes), np.float64),        # wts
+            np.zeros((nplanes, 3), np.int64),                     # wstat: mxm statistics of the weights
             np.full(nplanes, -1, np.int64),                       # wdt
             np.zeros(nplanes, np.int64),                          # busy
             np.zeros((nplanes, acc_rows, lanes), np.uint32),      # acc_bits
@@ -452,26 +429,29 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.zeros((2, TRANSPOSE_BUFFERS, lanes, lanes), np.uint8),   # tbuf
             np.zeros((nplanes, ABC_BATCH, lanes), np.float64),    # pend_x: ABCs not yet multiplied out
             np.zeros((nplanes, ABC_BATCH, 3), np.int64),          # pend_meta: (acc row, accum, dtype)
-            np.zeros(nplanes, np.int64))                          # pend_n
+            np.zeros(nplanes, np.int64),                          # pend_n
+            np.zeros((nplanes, 3), np.int64))                     # pstat: mxm statistics of the batch
 
 
 def reset(ws):
     """Back to the state of a machine that has run nothing (what a run can observe)."""
-    ring, bank_last, lbuf, lw_dt, wts, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n = ws
+    ring, bank_last, lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n, pstat = ws
     ring[0].fill(NO_DIAG)
     ring[4].fill(0)
-    for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wts, 0), (wdt, -1), (busy, 0), (acc_bits, 0),
-                 (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0)):
+    for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wts, 0), (wstat, 0), (wdt, -1), (busy, 0), (acc_bits, 0),
+                 (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0), (pstat, 0)):
         a.fill(v)
 
 
 @njit(cache=True)
-def execute(cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles,
-            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, hz, counters):
-    """Execute the sorted instruction list; returns how many ran (all, or up to the hazard).
-    Dispatch is by each instruction's core unit (`cunit`), then by its core operation."""
-    (ring, bank_last, lbuf, lw_dt, wts, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
-     pend_n) = ws
+def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles,
+            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, bulk_min, hz, counters):
+    """Execute the sorted instruction list from `start`; returns where it stopped: the end, the
+    instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
+    H_FLUSH: call again from there). Dispatch is by each instruction's core unit (`cunit`), then
+    by its core operation."""
+    (ring, bank_last, lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
+     pend_n, pstat) = ws
     sa = np.zeros((4, lanes), np.uint8)
     sb = np.zeros((4, lanes), np.uint8)
     so = np.zeros((4, lanes), np.uint8)
@@ -481,7 +461,7 @@ def execute(cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_c
     u32 = np.zeros(lanes, np.uint32)
     f32v = u32.view(np.float32)
     ybuf = np.zeros((ABC_BATCH, lanes), np.float64)
-    for i in range(cyc.shape[0]):
+    for i in range(start, cyc.shape[0]):
         t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
         p = upos[i]
         if u == U_MEM:
@@ -489,14 +469,16 @@ def execute(cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_c
                           ring, sa, sb, hz, counters)
         elif u == U_MXM:
             ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
-                          lbuf, lw_dt, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta,
-                          pend_n, ybuf, hz, counters)
+                          lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x,
+                          pend_meta, pend_n, pstat, ybuf, bulk_min, hz, counters)
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)
         else:
             ok = sxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, tables, ring, tbuf, sa, so, hz, counters)
         if not ok:
+            if hz[0] == H_FLUSH:
+                return i
             if hz[0] == H_UNREAD:      # reported at the writer of the value nobody read
                 hz[1], hz[2] = hz[6], cyc[hz[6]]
             else:

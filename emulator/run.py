@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpu.emulator import core
+from lpu.emulator import core, mxm
 from lpu.emulator.prepare import Prepared, prepare
 from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
@@ -292,8 +292,42 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
                        cycle, qname, src, op.name, line, HAZARD_KIND[kind], expected)
 
 
-def run(program: Program, values: dict, trace: bool = False) -> RunResult:
-    """Run `program` on `values` (every input, weight and state tensor, by name)."""
+BULK_MIN = 4    # batches of this many ABCs or more go to BLAS when that gives the same bits
+
+
+def _bulk(ws, plane: int) -> None:
+    """Multiply out the pending ABCs of `plane` with one BLAS product (core.flush asked for it,
+    having proved with mxm.exact_in_f64 that every sum is exact: the bits of mxm.products).
+    + 0.0 turns an exact zero that BLAS may give as -0 into the +0 of the in-order sum."""
+    _, _, _, _, wts, _, _, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, pstat = ws
+    n = int(pend_n[plane])
+    y = pend_x[plane, :n] @ wts[plane]
+    y += 0.0
+    mxm.accumulate(acc_bits[plane], pend_meta[plane], n, y)
+    pend_n[plane] = 0
+    pstat[plane] = 0
+
+
+def _cycles_hazard(program: Program, s: Schedule, cycles: int) -> HazardError:
+    """The binary's cycle count is not the run's: reported at the instruction of the last result."""
+    m = program.machine
+    qname, src, opname, line, last = "-", -1, "-", 0, cycles - 1 - m.icu_skew
+    where = "no instruction"
+    if len(s.cycle):
+        i = int(np.argmax(s.cycle + s.latency))
+        src, opname, line = int(s.src[i]), O.OPS[s.op[i]].name, int(program.line[s.src[i]])
+        qname = m.queues[s.queue[i]][0]
+        text = program.source_line(line)
+        where = f"instruction {src}: {opname}" + (f", DSL line {line}" + (f" '{text}'" if text else "") if line else "")
+    return HazardError(f"hazard at cycle {max(last, 0)} on {qname} ({where}): wrong cycle count: the program says "
+                       f"{program.predicted_cycles}, its last result is ready in cycle {last} "
+                       f"(+1, +icu_skew {m.icu_skew}: {cycles})", max(last, 0), qname, src, opname, line, "cycles",
+                       str(cycles))
+
+
+def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) -> RunResult:
+    """Run `program` on `values` (every input, weight and state tensor, by name). `bulk=False`
+    multiplies every batch of ABCs in the core, in lane order (the same bits; for tests)."""
     m = program.machine
     prep = prepare(program, schedule)
     s = prep.sched
@@ -307,13 +341,21 @@ def run(program: Program, values: dict, trace: bool = False) -> RunResult:
                                         m.mem_slices, m.banks_per_slice)
     else:
         core.reset(prep.workspace)
-    core.execute(s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency,
-                 m.lanes, m.streams_per_direction, m.acc_rows, m.f16_pair_cycles,
-                 m.addresses_per_bank, prep.bank_base, prep.bank_lo, mem, valid, prep.tables, F16_TO_F32,
-                 prep.workspace, hz, counters)
+    at = 0
+    while True:
+        at = core.execute(at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency,
+                          m.lanes, m.streams_per_direction, m.acc_rows, m.f16_pair_cycles,
+                          m.addresses_per_bank, prep.bank_base, prep.bank_lo, mem, valid, prep.tables, F16_TO_F32,
+                          prep.workspace, BULK_MIN if bulk else 0, hz, counters)
+        if hz[0] != core.H_FLUSH:
+            break
+        _bulk(prep.workspace, int(hz[3]))
+        hz[:] = 0
     if hz[0] != core.H_NONE:
         raise _hazard(program, s, hz)
     cycles = s.cycles + m.icu_skew if len(s.cycle) else 0
+    if cycles != program.predicted_cycles:
+        raise _cycles_hazard(program, s, cycles)
     busy = {"mem": int(counters[core.K_BANK_ACCESSES]), "vxm": int(counters[core.K_VXM_BUSY]),
             "mxm": int(counters[core.K_MXM_BUSY]), "sxm": int(counters[core.K_SXM_BUSY])}
     units = {"mem": m.mem_slices * m.banks_per_slice, "vxm": m.vxm_alus, "mxm": m.mxm_planes,
