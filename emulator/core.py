@@ -20,7 +20,7 @@ function returns the number of instructions executed before it.
 import numpy as np
 from numba import njit
 
-from lpu.emulator.mxm import accumulate, exact_in_f64, install, note, products
+from lpu.emulator.mxm import accumulate, exact_in_f64, install, note, products, weight_stats
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS, DTYPE_NAMES: used by run.py)
     CORE_OPS, DTYPE_NAMES, C_ABC, C_ACC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
     C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SCATTER, C_SHIFT, C_TPIN,
@@ -60,9 +60,11 @@ def flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_
     n = pend_n[plane]
     if n == 0:
         return True
-    if bulk_min > 0 and n >= bulk_min and exact_in_f64(pstat[plane], wstat[plane], lanes):
-        hz[0], hz[3] = H_FLUSH, plane
-        return False
+    if bulk_min > 0 and n >= bulk_min:
+        weight_stats(wts[plane], wstat[plane])
+        if exact_in_f64(pstat[plane], wstat[plane], lanes):
+            hz[0], hz[3] = H_FLUSH, plane
+            return False
     products(pend_x[plane], n, wts[plane], ybuf)
     accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
@@ -420,7 +422,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.zeros((nplanes, lanes, lanes, 2), np.uint8),       # lbuf
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
             np.zeros((nplanes, lanes, lanes), np.float64),        # wts
-            np.zeros((nplanes, 3), np.int64),                     # wstat: mxm statistics of the weights
+            np.zeros((nplanes, 4), np.int64),                     # wstat: mxm statistics of the weights
             np.full(nplanes, -1, np.int64),                       # wdt
             np.zeros(nplanes, np.int64),                          # busy
             np.zeros((nplanes, acc_rows, lanes), np.uint32),      # acc_bits
@@ -430,7 +432,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.zeros((nplanes, ABC_BATCH, lanes), np.float64),    # pend_x: ABCs not yet multiplied out
             np.zeros((nplanes, ABC_BATCH, 3), np.int64),          # pend_meta: (acc row, accum, dtype)
             np.zeros(nplanes, np.int64),                          # pend_n
-            np.zeros((nplanes, 3), np.int64))                     # pstat: mxm statistics of the batch
+            np.zeros((nplanes, 4), np.int64))                     # pstat: mxm statistics of the batch
 
 
 def reset(ws):

@@ -24,7 +24,7 @@ from lpu.emulator.arith import D_I8, wrap32
 
 SCALE = float(1 << 24)    # f16 and i8 values are integers in units of 2^-24
 MANTISSA = 53             # bits of a float64 significand
-S_OR, S_MAX, S_BAD = range(3)   # batch / weight statistics: OR and max of |v| * 2^24, non-finite seen
+S_OR, S_MAX, S_BAD, S_DONE = range(4)   # statistics: OR and max of |v| * 2^24, non-finite seen, computed
 
 
 @njit(cache=True)
@@ -70,8 +70,20 @@ def exact_in_f64(xs, ws, k):
 
 
 @njit(cache=True)
+def weight_stats(w, stat):
+    """The statistics of installed weights, computed once per install, when a batch first asks."""
+    if stat[S_DONE] != 0:
+        return
+    for k in range(w.shape[0]):
+        for n in range(w.shape[1]):
+            note(stat, w[k, n])
+    stat[S_DONE] = 1
+
+
+@njit(cache=True)
 def install(buf, dt, trans, lanes, f16tab, w, stat):
-    """w[k, n] = the weight buffer (transposed if trans) as numbers; stat: their statistics."""
+    """w[k, n] = the weight buffer (transposed if trans) as numbers; stat: their statistics, to
+    be computed (weight_stats)."""
     stat[:] = 0
     v = np.empty(lanes, np.float64)
     for r in range(lanes):
@@ -81,8 +93,6 @@ def install(buf, dt, trans, lanes, f16tab, w, stat):
         else:
             for c in range(lanes):
                 v[c] = np.float64(f16tab[np.int64(buf[r, c, 0]) | (np.int64(buf[r, c, 1]) << 8)])
-        for c in range(lanes):
-            note(stat, v[c])
         if trans:
             w[:, r] = v
         else:

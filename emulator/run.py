@@ -169,13 +169,6 @@ def _to_bits(dtype: str, arr: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(arr).view(np.uint8).reshape(arr.shape + (-1,))
 
 
-def _from_bits(dtype: str, by: np.ndarray) -> np.ndarray:
-    """Little-endian bytes [..., width] -> tensor values."""
-    if dtype == "bf16":
-        return (by.copy().view("<u2")[..., 0].astype(np.uint32) << 16).view(np.float32)
-    return by.copy().view(np.dtype(NUMPY_DTYPE[dtype]).newbyteorder("<"))[..., 0].astype(NUMPY_DTYPE[dtype])
-
-
 def _store(mem: np.ndarray, rows: np.ndarray, sym: Symbol, arr: np.ndarray, m):
     nrow, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
     by = np.zeros((nrow, chunks * m.lanes, sym.width), np.uint8)
@@ -185,8 +178,12 @@ def _store(mem: np.ndarray, rows: np.ndarray, sym: Symbol, arr: np.ndarray, m):
 
 def _fetch(mem: np.ndarray, rows: np.ndarray, sym: Symbol, m) -> np.ndarray:
     nrow, _, cols = vector_grid(tuple(sym.shape), m.lanes)
-    by = mem[rows.ravel()].reshape(nrow, -1, sym.width, m.lanes).transpose(0, 1, 3, 2).reshape(nrow, -1, sym.width)
-    return _from_bits(sym.dtype, by[:, :cols]).reshape(tuple(sym.shape))
+    by = np.ascontiguousarray(mem[rows].transpose(0, 2, 1))          # [vectors, lanes, width]
+    if sym.dtype == "bf16":
+        vals = (by.view("<u2")[..., 0].astype(np.uint32) << 16).view(np.float32)
+    else:
+        vals = by.view(np.dtype(NUMPY_DTYPE[sym.dtype]).newbyteorder("<"))[..., 0]
+    return vals.reshape(nrow, -1)[:, :cols].astype(NUMPY_DTYPE[sym.dtype]).reshape(tuple(sym.shape))
 
 
 def load(program: Program, values: dict, prep: Prepared | None = None) -> np.ndarray:

@@ -129,7 +129,7 @@ def operands(draw):
 
 
 def _stat(v):
-    s = np.zeros(3, np.int64)
+    s = np.zeros(4, np.int64)
     for a in v.ravel():
         mxm.note(s, a)
     return s
