@@ -34,9 +34,12 @@ def _git_commit() -> str | None:
 def _environment(args) -> dict:
     import numba
     import numpy
+
+    from benchmarks.speedprobe import blas_name, threads
     return {"date": datetime.date.today().isoformat(), "commit": _git_commit(), "machine": args.machine,
             "quick": args.quick, "python": platform.python_version(), "numpy": numpy.__version__,
-            "numba": numba.__version__, "cpus": os.cpu_count(), "host": platform.machine()}
+            "numba": numba.__version__, "cpus": os.cpu_count(), "host": platform.machine(),
+            "blas": blas_name(), "threads": threads()}
 
 
 def write_json(path: str, doc: dict) -> None:
@@ -123,6 +126,7 @@ def main(argv=None) -> int:
     else:
         print(f"benchmarks on {env['date']} (commit {env['commit']}, machine {a.machine}"
               f"{', --quick' if a.quick else ''}, {env['cpus']} CPUs, {doc['wall_s']:.0f} s)")
+        print(f"numpy BLAS: {env['blas']}; threads: {env['threads']} (speed figures: default threads and 1 thread)")
         print(table(items))
         s = doc["summary"]
         print(f"{s['pass']} pass, {s['fail']} FAIL, {s['not measured']} not measured")

@@ -7,7 +7,12 @@ cache, which freezes globals, never holds a stale opcode numbering.
 
 Streams: per (direction, stream) a ring buffer indexed by diagonal k mod `ring_size` (a power of
 two above positions + latency) holds the diagonal written, the writer's position and execution
-index, and the payload bytes: the tuple `ring` = (ring_k, ring_pos, ring_src, ring_pay).
+index, the payload bytes and whether anyone read it: the tuple `ring` = (ring_k, ring_pos,
+ring_src, ring_pay, ring_rd). A value nobody read is a hazard (H_UNREAD), found when its slot is
+reused or at the end of the run, and reported at its writer.
+
+SRAM is the compact image of emulator/prepare.py, uint8[rows, lanes], with a valid flag per row
+(set for loaded tensors and by WRITE/SCATTER): a READ of a row without a value is a hazard.
 
 A hazard stops the run: `hz` receives (kind, execution index, cycle, x0, x1, x2, x3) and the
 function returns the number of instructions executed before it.
@@ -15,6 +20,7 @@ function returns the number of instructions executed before it.
 import numpy as np
 from numba import njit
 
+from lpu.emulator.mxm import accumulate, exact_in_f64, install, note, products, weight_stats
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS, DTYPE_NAMES: used by run.py)
     CORE_OPS, DTYPE_NAMES, C_ABC, C_ACC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
     C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SCATTER, C_SHIFT, C_TPIN,
@@ -25,7 +31,18 @@ from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS, DTYPE_NAMES: used by r
 TRANSPOSE_BUFFERS = 4
 
 # hazard kinds (messages in run.py)
-H_NONE, H_STREAM_EMPTY, H_TWO_WRITERS, H_BANK, H_ADDR, H_BUSY, H_NOT_READY, H_DTYPE, H_OPERAND = range(9)
+(H_NONE, H_STREAM_EMPTY, H_TWO_WRITERS, H_BANK, H_ADDR, H_BUSY, H_NOT_READY, H_DTYPE, H_OPERAND, H_SRAM_EMPTY,
+ H_UNREAD, H_INSTALL) = range(12)
+H_FLUSH = 99      # not a hazard: the host is asked to multiply out a plane's batch (see `flush`)
+
+# the core's units (emulator/prepare.py maps the opcode table's unit of every opcode onto these)
+# and the unit each core operation runs on: an opcode reaches a core operation only if the
+# table puts it on the same unit
+U_MEM, U_VXM, U_MXM, U_SXM = range(4)
+UNIT_CODE = {"mem": U_MEM, "vxm": U_VXM, "mxm": U_MXM, "sxm": U_SXM}
+_UNIT_OPS = {U_MEM: ("READ", "WRITE", "GATHER", "SCATTER"), U_MXM: ("LW", "IW", "ABC", "ACC"),
+             U_SXM: ("SHIFT", "ROTATE", "PERMUTE", "DISTRIBUTE", "TPIN", "TPOUT")}
+CORE_UNIT_OF = {name: next((u for u, names in _UNIT_OPS.items() if name in names), U_VXM) for name in CORE_OPS}
 
 # counters
 K_BANK_ACCESSES, K_VXM_BUSY, K_MXM_BUSY, K_SXM_BUSY, K_MACS, K_SRAM_READ, K_SRAM_WRITTEN = range(7)
@@ -34,68 +51,39 @@ N_COUNTERS = 7
 NO_DIAG = -(1 << 62)
 
 
-# ---- MXM ---------------------------------------------------------------------------------------
+# ---- MXM (arithmetic in emulator/mxm.py) -------------------------------------------------------
 @njit(cache=True)
-def install(buf, dt, trans, lanes, f16tab, w):
-    """w[k, n] = the weight buffer (transposed if trans) as numbers."""
-    for r in range(lanes):
-        for c in range(lanes):
-            if dt == D_I8:
-                v = np.float64(np.int8(buf[r, c, 0]))
-            else:
-                v = np.float64(f16tab[np.int64(buf[r, c, 0]) | (np.int64(buf[r, c, 1]) << 8)])
-            if trans:
-                w[c, r] = v
-            else:
-                w[r, c] = v
-
-
-@njit(cache=True)
-def flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits):
-    """Apply the plane's pending ABCs in issue order. Their products are computed together
-    (each weight row read once for the batch), each element still summed over k in order in
-    float64, so the result is that of one product per ABC."""
+def flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_bits, bulk_min, hz):
+    """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
+    hz = H_FLUSH, plane) where the batch is at least `bulk_min` long and BLAS gives the same bits
+    (mxm.exact_in_f64): the host does it then (run.py) and resumes at the same instruction."""
     n = pend_n[plane]
     if n == 0:
-        return
-    w = wts[plane]
-    for b in range(n):
-        for m in range(lanes):
-            ybuf[b, m] = 0.0
-    for k in range(lanes):
-        row = w[k]
-        for b in range(n):
-            xk = pend_x[plane, b, k]
-            yb = ybuf[b]
-            for m in range(lanes):
-                yb[m] += xk * row[m]
-    for b in range(n):
-        r, accum, dt = pend_meta[plane, b, 0], pend_meta[plane, b, 1], pend_meta[plane, b, 2]
-        if dt == D_I8:
-            acc_i = acc_bits[plane, r].view(np.int32)
-            for m in range(lanes):
-                v = np.int64(ybuf[b, m])
-                acc_i[m] = wrap32(acc_i[m] + v) if accum != 0 else v
-        else:
-            acc_f = acc_bits[plane, r].view(np.float32)
-            for m in range(lanes):
-                y32 = np.float32(ybuf[b, m])
-                acc_f[m] = np.float32(acc_f[m] + y32) if accum != 0 else y32
+        return True
+    if bulk_min > 0 and n >= bulk_min:
+        weight_stats(wts[plane], wstat[plane])
+        if exact_in_f64(pstat[plane], wstat[plane], lanes):
+            hz[0], hz[3] = H_FLUSH, plane
+            return False
+    products(pend_x[plane], n, wts[plane], ybuf)
+    accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
+    pstat[plane, :] = 0
+    return True
 
 
 # ---- streams -----------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def ref_ok(ref, w, spd):
     d = (ref >> 6) & 3
     s = ref & 63
     return ref >= 0 and d <= 1 and s + w <= spd
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def stream_read(ref, w, q, c, ring, dst, hz):
     """Read w byte planes of ref at position q in cycle c into dst; False on a hazard."""
-    ring_k, ring_pos, _, ring_pay = ring
+    ring_k, ring_pos, _, ring_pay, ring_rd = ring
     d = (ref >> 6) & 3
     s = ref & 63
     k = c - q if d == 0 else c + q
@@ -109,36 +97,62 @@ def stream_read(ref, w, q, c, ring, dst, hz):
             hz[5] = k
             hz[6] = wpos if ring_k[d, s + b, slot] == k else -1
             return False
+    for b in range(w):
+        ring_rd[d, s + b, slot] = 1
         for l in range(dst.shape[1]):
             dst[b, l] = ring_pay[d, s + b, slot, l]
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def stream_write(ref, w, p, c, ex, ring, src, hz):
     """Put w byte planes of src on ref at position p in cycle c (writer execution index ex)."""
-    ring_k, ring_pos, ring_src, ring_pay = ring
+    ring_k, ring_pos, ring_src, ring_pay, ring_rd = ring
     d = (ref >> 6) & 3
     s = ref & 63
     k = c - p if d == 0 else c + p
     slot = k & (ring_k.shape[2] - 1)
     for b in range(w):
-        if ring_k[d, s + b, slot] == k:
+        old = ring_k[d, s + b, slot]
+        if old == k:
             hz[0] = H_TWO_WRITERS
             hz[3] = d
             hz[4] = s + b
             hz[5] = k
             hz[6] = ring_src[d, s + b, slot]
             return False
+        if old != NO_DIAG and ring_rd[d, s + b, slot] == 0:
+            hz[0] = H_UNREAD
+            hz[3] = d
+            hz[4] = s + b
+            hz[5] = old
+            hz[6] = ring_src[d, s + b, slot]
+            return False
+    for b in range(w):
         ring_k[d, s + b, slot] = k
         ring_pos[d, s + b, slot] = p
         ring_src[d, s + b, slot] = ex
+        ring_rd[d, s + b, slot] = 0
         for l in range(src.shape[1]):
             ring_pay[d, s + b, slot, l] = src[b, l]
     return True
 
 
 @njit(cache=True)
+def first_unread(ring, hz):
+    """At the end of the run: the earliest-written value still unread, as an H_UNREAD hazard."""
+    ring_k, _, ring_src, _, ring_rd = ring
+    best = -1
+    for d in range(ring_k.shape[0]):
+        for s in range(ring_k.shape[1]):
+            for slot in range(ring_k.shape[2]):
+                if ring_k[d, s, slot] != NO_DIAG and ring_rd[d, s, slot] == 0 and (best < 0 or ring_src[d, s, slot] < best):
+                    best = ring_src[d, s, slot]
+                    hz[0], hz[3], hz[4], hz[5], hz[6] = H_UNREAD, d, s, ring_k[d, s, slot], best
+    return best < 0
+
+
+@njit(cache=True, inline="always")
 def operand_error(hz, field, value):
     hz[0] = H_OPERAND
     hz[3] = field
@@ -147,11 +161,12 @@ def operand_error(hz, field, value):
 
 
 # ---- units -------------------------------------------------------------------------------------
-@njit(cache=True)
-def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring, sa, sb, hz, counters):
+@njit(cache=True, inline="always")
+def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo, bank_last, ring, sa, sb, hz,
+             counters):
     bank, addr = a[0], a[1]
-    nbanks, naddr = mem.shape[1], mem.shape[2]
-    if bank < 0 or bank >= nbanks or addr < 0 or addr >= naddr:
+    lanes = mem.shape[1]
+    if bank < 0 or bank >= bank_base.shape[1] or addr < 0 or addr >= naddr:
         hz[0], hz[3], hz[4], hz[5] = H_ADDR, s, bank, addr
         return False
     if bank_last[s, bank] == t:
@@ -159,18 +174,19 @@ def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring, sa, sb, 
         return False
     bank_last[s, bank] = t
     counters[K_BANK_ACCESSES] += 1
+    row = bank_base[s, bank] + addr - bank_lo[s, bank]
     if op == C_READ or op == C_WRITE:
         if not ref_ok(a[2], 1, spd):
             return operand_error(hz, 2, a[2])
         if op == C_READ:
-            for l in range(lanes):
-                sa[0, l] = mem[s, bank, addr, l]
+            if valid[row] == 0:
+                hz[0], hz[3], hz[4], hz[5] = H_SRAM_EMPTY, s, bank, addr
+                return False
             counters[K_SRAM_READ] += lanes
-            return stream_write(a[2], 1, p, t + lat, ex, ring, sa, hz)
-        if not stream_read(a[2], 1, p, t, ring, sa, hz):
+            return stream_write(a[2], 1, p, t + lat, ex, ring, mem[row:row + 1], hz)
+        if not stream_read(a[2], 1, p, t, ring, mem[row:row + 1], hz):
             return False
-        for l in range(lanes):
-            mem[s, bank, addr, l] = sa[0, l]
+        valid[row] = 1
         counters[K_SRAM_WRITTEN] += lanes
         return True
     for f in (2, 3):
@@ -184,13 +200,14 @@ def mem_exec(op, a, s, p, t, ex, lat, lanes, spd, mem, bank_last, ring, sa, sb, 
             return False
     if op == C_GATHER:
         for l in range(lanes):
-            sa[0, l] = mem[s, bank, addr + sb[0, l], l]
+            sa[0, l] = mem[row + sb[0, l], l]
         counters[K_SRAM_READ] += lanes
         return stream_write(a[3], 1, p, t + lat, ex, ring, sa, hz)
     if not stream_read(a[3], 1, p, t, ring, sa, hz):
         return False
     for l in range(lanes):
-        mem[s, bank, addr + sb[0, l], l] = sa[0, l]
+        mem[row + sb[0, l], l] = sa[0, l]
+        valid[row + sb[0, l]] = 1
     counters[K_SRAM_WRITTEN] += lanes
     return True
 
@@ -235,7 +252,9 @@ def mxm_input_ok(ref, plane, spd):
 
 
 @njit(cache=True)
-def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta, pend_n, ybuf, hz, counters):
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts, wstat,
+             wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta, pend_n, pstat, ybuf, bulk_min, hz,
+             counters):
     if op == C_LW:
         row, ref, cvt = a[0], a[1], a[2]
         if row < 0 or row >= lanes:
@@ -247,6 +266,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         w = WIDTH[ref >> 8]
         if not stream_read(ref, w, p, t, ring, sa, hz):
             return False
+        lw_dt[plane, row] = D_F16 if cvt != 0 else ref >> 8
         if cvt != 0:
             for l in range(lanes):
                 bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
@@ -257,18 +277,27 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
             lbuf[plane, row, :, b] = sa[b, :]
         return True
     if op == C_IW:
+        if not flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_bits, bulk_min, hz):
+            return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
             return operand_error(hz, 0, dt)
         if busy[plane] > t:
             hz[0], hz[3], hz[4] = H_BUSY, plane, busy[plane]
             return False
+        for r in range(lanes):
+            if lw_dt[plane, r] != -1 and lw_dt[plane, r] != dt:
+                hz[0], hz[3], hz[4], hz[5] = H_INSTALL, lw_dt[plane, r], dt, r
+                return False
+        lw_dt[plane, :] = -1
         busy[plane] = t + 1
-        flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits)
-        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane])
+        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane], wstat[plane])
         wdt[plane] = dt
         return True
     if op == C_ABC:
+        if pend_n[plane] == pend_x.shape[1] and not flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat,
+                                                         ybuf, acc_bits, bulk_min, hz):
+            return False
         ref, row, accum = a[0], a[1], a[2]
         if not mxm_input_ok(ref, plane, spd):
             return operand_error(hz, 0, ref)
@@ -292,21 +321,23 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         if not stream_read(ref, WIDTH[dt], p, t, ring, sa, hz):
             return False
         nb = pend_n[plane]
+        x = pend_x[plane, nb]
+        st = pstat[plane]
         for l in range(lanes):
-            pend_x[plane, nb, l] = np.float64(np.int8(sa[0, l])) if dt == D_I8 else f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
+            x[l] = np.float64(np.int8(sa[0, l])) if dt == D_I8 else f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
+            note(st, x[l])
         pend_meta[plane, nb, 0], pend_meta[plane, nb, 1], pend_meta[plane, nb, 2] = row, accum, dt
         pend_n[plane] = nb + 1
-        if nb + 1 == pend_x.shape[1]:
-            flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits)
         acc_kind[plane, row] = kind
         acc_ready[plane, row] = t + lat
         counters[K_MXM_BUSY] += 1 if dt == D_I8 else 2 * pair_cycles
         counters[K_MACS] += lanes * lanes
         return True
+    if not flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_bits, bulk_min, hz):
+        return False
     row, ref = a[0], a[1]  # ACC
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
-    flush_abc(plane, lanes, wts, pend_x, pend_meta, pend_n, ybuf, acc_bits)
     if ref < 0 or not (ref >> 8 == D_I32 or ref >> 8 == D_F32) or not ref_ok(ref, 4, spd):
         return operand_error(hz, 1, ref)
     if acc_ready[plane, row] > t:
@@ -376,25 +407,53 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
     return stream_write(oref, w, p, t + lat, ex, ring, so, hz)
 
 
-ABC_BATCH = 32     # an ABC's product is computed when its plane's ACC or IW comes, or 32 wait
+ABC_BATCH = 128    # an ABC's product is computed when its plane's ACC or IW comes, or 128 wait
 
 
 # ---- the run -----------------------------------------------------------------------------------
+def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
+    """The core's unit state (allocated once per prepared program, reset by `reset`): stream
+    rings, bank use, MXM weight buffers, weights, accumulators and pending ABCs, transpose
+    buffers, and scratch vectors."""
+    return ((np.full((2, spd, ring_size), NO_DIAG, np.int64), np.zeros((2, spd, ring_size), np.int64),
+             np.zeros((2, spd, ring_size), np.int64), np.zeros((2, spd, ring_size, lanes), np.uint8),
+             np.zeros((2, spd, ring_size), np.uint8)),
+            np.full((slices, banks), -1, np.int64),               # bank_last
+            np.zeros((nplanes, lanes, lanes, 2), np.uint8),       # lbuf
+            np.full((nplanes, lanes), -1, np.int64),              # lw_dt
+            np.zeros((nplanes, lanes, lanes), np.float64),        # wts
+            np.zeros((nplanes, 4), np.int64),                     # wstat: mxm statistics of the weights
+            np.full(nplanes, -1, np.int64),                       # wdt
+            np.zeros(nplanes, np.int64),                          # busy
+            np.zeros((nplanes, acc_rows, lanes), np.uint32),      # acc_bits
+            np.full((nplanes, acc_rows), -1, np.int64),           # acc_kind
+            np.zeros((nplanes, acc_rows), np.int64),              # acc_ready
+            np.zeros((2, TRANSPOSE_BUFFERS, lanes, lanes), np.uint8),   # tbuf
+            np.zeros((nplanes, ABC_BATCH, lanes), np.float64),    # pend_x: ABCs not yet multiplied out
+            np.zeros((nplanes, ABC_BATCH, 3), np.int64),          # pend_meta: (acc row, accum, dtype)
+            np.zeros(nplanes, np.int64),                          # pend_n
+            np.zeros((nplanes, 4), np.int64))                     # pstat: mxm statistics of the batch
+
+
+def reset(ws):
+    """Back to the state of a machine that has run nothing (what a run can observe)."""
+    ring, bank_last, lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n, pstat = ws
+    ring[0].fill(NO_DIAG)
+    ring[4].fill(0)
+    for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wts, 0), (wstat, 0), (wdt, -1), (busy, 0), (acc_bits, 0),
+                 (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0), (pstat, 0)):
+        a.fill(v)
+
+
 @njit(cache=True)
-def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring_size, nplanes, acc_rows, pair_cycles,
-            mem, tables, f16tab, hz, counters):
-    """Execute the sorted instruction list; returns how many ran (all, or up to the hazard)."""
-    ring = (np.full((2, spd, ring_size), NO_DIAG, np.int64), np.zeros((2, spd, ring_size), np.int64),
-            np.zeros((2, spd, ring_size), np.int64), np.zeros((2, spd, ring_size, lanes), np.uint8))
-    bank_last = np.full((mem.shape[0], mem.shape[1]), -1, np.int64)
-    lbuf = np.zeros((nplanes, lanes, lanes, 2), np.uint8)
-    wts = np.zeros((nplanes, lanes, lanes), np.float64)
-    wdt = np.full(nplanes, -1, np.int64)
-    busy = np.zeros(nplanes, np.int64)
-    acc_bits = np.zeros((nplanes, acc_rows, lanes), np.uint32)
-    acc_kind = np.full((nplanes, acc_rows), -1, np.int64)
-    acc_ready = np.zeros((nplanes, acc_rows), np.int64)
-    tbuf = np.zeros((2, TRANSPOSE_BUFFERS, lanes, lanes), np.uint8)
+def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles,
+            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, bulk_min, hz, counters):
+    """Execute the sorted instruction list from `start`; returns where it stopped: the end, the
+    instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
+    H_FLUSH: call again from there). Dispatch is by each instruction's core unit (`cunit`), then
+    by its core operation."""
+    (ring, bank_last, lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
+     pend_n, pstat) = ws
     sa = np.zeros((4, lanes), np.uint8)
     sb = np.zeros((4, lanes), np.uint8)
     so = np.zeros((4, lanes), np.uint8)
@@ -403,25 +462,31 @@ def execute(cyc, ops, queues, args, lat, qidx, qpos, lanes, spd, ring_size, npla
     ia = np.zeros(lanes, np.int64)
     u32 = np.zeros(lanes, np.uint32)
     f32v = u32.view(np.float32)
-    pend_x = np.zeros((nplanes, ABC_BATCH, lanes), np.float64)    # ABCs not yet multiplied out
-    pend_meta = np.zeros((nplanes, ABC_BATCH, 3), np.int64)        # (acc row, accum, dtype)
-    pend_n = np.zeros(nplanes, np.int64)
     ybuf = np.zeros((ABC_BATCH, lanes), np.float64)
-    for i in range(cyc.shape[0]):
-        t, op, q, a = cyc[i], ops[i], queues[i], args[i]
-        p = qpos[q]
-        if op <= C_SCATTER:
-            ok = mem_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, mem, bank_last, ring, sa, sb, hz, counters)
-        elif op <= C_ACC:
-            ok = mxm_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
-                          lbuf, wts, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta, pend_n,
-                          ybuf, hz, counters)
-        elif op <= C_MASK:
+    for i in range(start, cyc.shape[0]):
+        t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
+        p = upos[i]
+        if u == U_MEM:
+            ok = mem_exec(op, a, uidx[i], p, t, i, lat[i], spd, naddr, mem, valid, bank_base, bank_lo, bank_last,
+                          ring, sa, sb, hz, counters)
+        elif u == U_MXM:
+            ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
+                          lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x,
+                          pend_meta, pend_n, pstat, ybuf, bulk_min, hz, counters)
+        elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)
         else:
-            ok = sxm_exec(op, a, qidx[q], p, t, i, lat[i], lanes, spd, tables, ring, tbuf, sa, so, hz, counters)
+            ok = sxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, tables, ring, tbuf, sa, so, hz, counters)
         if not ok:
-            hz[1], hz[2] = i, t
+            if hz[0] == H_FLUSH:
+                return i
+            if hz[0] == H_UNREAD:      # reported at the writer of the value nobody read
+                hz[1], hz[2] = hz[6], cyc[hz[6]]
+            else:
+                hz[1], hz[2] = i, t
             return i
+    if not first_unread(ring, hz):
+        hz[1], hz[2] = hz[6], cyc[hz[6]]
+        return cyc.shape[0]
     return cyc.shape[0]

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpu.emulator import core
+from lpu.emulator import core, mxm
+from lpu.emulator.prepare import Prepared, prepare
 from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
 from lpu.isa.machine import UNIT_ICU, UNIT_MXM, UNIT_NAMES
@@ -25,8 +26,6 @@ from lpu.isa.program import Program, Symbol, vector_grid
 if tuple(core.DTYPE_NAMES) != tuple(O.DTYPES):
     raise ImportError("emulator.core dtype codes differ from isa.opcodes.DTYPES")
 
-# opcode -> core operation (-1: ICU markers, which the core never sees)
-CORE_OP = np.array([core.CORE_OPS.index(s.name) if s.unit != UNIT_ICU else -1 for s in O.OPS], np.int32)
 PHASE = np.array([s.phase for s in O.OPS], np.int32)
 OP_UNIT = np.array([s.unit for s in O.OPS], np.int32)
 OP_ROLE = np.array([s.role for s in O.OPS], np.int32)
@@ -43,6 +42,9 @@ HAZARD_TEXT = {
     core.H_NOT_READY: "operand not ready",
     core.H_DTYPE: "dtype mismatch",
     core.H_OPERAND: "invalid operand",
+    core.H_SRAM_EMPTY: "SRAM read of an address that holds no value",
+    core.H_UNREAD: "value put on a stream that nothing reads",
+    core.H_INSTALL: "weights installed as another type than loaded",
 }
 
 
@@ -167,46 +169,35 @@ def _to_bits(dtype: str, arr: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(arr).view(np.uint8).reshape(arr.shape + (-1,))
 
 
-def _from_bits(dtype: str, by: np.ndarray) -> np.ndarray:
-    """Little-endian bytes [..., width] -> tensor values."""
-    if dtype == "bf16":
-        return (by.copy().view("<u2")[..., 0].astype(np.uint32) << 16).view(np.float32)
-    return by.copy().view(np.dtype(NUMPY_DTYPE[dtype]).newbyteorder("<"))[..., 0].astype(NUMPY_DTYPE[dtype])
+def _store(mem: np.ndarray, rows: np.ndarray, sym: Symbol, arr: np.ndarray, m):
+    nrow, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
+    by = np.zeros((nrow, chunks * m.lanes, sym.width), np.uint8)
+    by[:, :cols] = _to_bits(sym.dtype, arr.reshape(nrow, cols))
+    mem[rows.ravel()] = by.reshape(nrow, chunks, m.lanes, sym.width).transpose(0, 1, 3, 2).reshape(-1, m.lanes)
 
 
-def _planes(sym: Symbol, m) -> tuple:
-    """(rows, chunks, cols) and the flat (slice, bank, addr) index of every byte plane."""
-    rows, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
-    nvec = rows * chunks
-    idx = []
-    for a, hi in (("slices", m.mem_slices), ("banks", m.banks_per_slice), ("addrs", m.addresses_per_bank)):
-        v = np.asarray(getattr(sym, a))
-        if v.shape != (nvec, sym.width):
-            raise LpuError(f"tensor '{sym.name}': layout '{a}' has shape {v.shape}, expected {(nvec, sym.width)}")
-        if v.size and (v.min() < 0 or v.max() >= hi):
-            raise LpuError(f"tensor '{sym.name}': layout '{a}' out of range 0..{hi - 1}")
-        idx.append(v.ravel())
-    return (rows, chunks, cols), tuple(idx)
+def _fetch(mem: np.ndarray, rows: np.ndarray, sym: Symbol, m) -> np.ndarray:
+    nrow, _, cols = vector_grid(tuple(sym.shape), m.lanes)
+    by = np.ascontiguousarray(mem[rows].transpose(0, 2, 1))          # [vectors, lanes, width]
+    if sym.dtype == "bf16":
+        vals = (by.view("<u2")[..., 0].astype(np.uint32) << 16).view(np.float32)
+    else:
+        vals = by.view(np.dtype(NUMPY_DTYPE[sym.dtype]).newbyteorder("<"))[..., 0]
+    return vals.reshape(nrow, -1)[:, :cols].astype(NUMPY_DTYPE[sym.dtype]).reshape(tuple(sym.shape))
 
 
-def _store(mem: np.ndarray, sym: Symbol, arr: np.ndarray, m):
-    (rows, chunks, cols), idx = _planes(sym, m)
-    by = np.zeros((rows, chunks * m.lanes, sym.width), np.uint8)
-    by[:, :cols] = _to_bits(sym.dtype, arr.reshape(rows, cols))
-    mem[idx] = by.reshape(rows, chunks, m.lanes, sym.width).transpose(0, 1, 3, 2).reshape(-1, m.lanes)
-
-
-def _fetch(mem: np.ndarray, sym: Symbol, m) -> np.ndarray:
-    (rows, chunks, cols), idx = _planes(sym, m)
-    by = mem[idx].reshape(rows, chunks, sym.width, m.lanes).transpose(0, 1, 3, 2).reshape(rows, -1, sym.width)
-    return _from_bits(sym.dtype, by[:, :cols]).reshape(tuple(sym.shape))
-
-
-def load(program: Program, values: dict) -> np.ndarray:
-    """A fresh SRAM image uint8[slices, banks, addresses, lanes] holding every input, weight,
-    state and constant tensor of the program at its place."""
+def load(program: Program, values: dict, prep: Prepared | None = None) -> np.ndarray:
+    """The compact SRAM image uint8[rows, lanes] (emulator/prepare.py), cleared, holding every
+    input, weight, state and constant tensor of the program at its place. The array is the
+    prepared program's own (kept between runs, so a run pays no page faults for it): a program
+    is run by one thread at a time."""
     m = program.machine
-    mem = np.zeros((m.mem_slices, m.banks_per_slice, m.addresses_per_bank, m.lanes), np.uint8)
+    prep = prep or prepare(program, schedule)
+    if prep.mem is None:
+        prep.mem = np.zeros((max(prep.nrows, 1), m.lanes), np.uint8)
+    else:
+        prep.mem.fill(0)
+    mem = prep.mem
     wanted = {s.name: s for s in program.symbols if s.kind in ("input", "weight", "state")}
     unknown = sorted(set(values) - set(wanted))
     if unknown:
@@ -217,6 +208,9 @@ def load(program: Program, values: dict) -> np.ndarray:
     for sym in program.symbols:
         if sym.kind == "const":
             arr = np.asarray(sym.data)
+            if arr.size != int(np.prod(sym.shape, dtype=np.int64)):
+                raise LpuError(f"constant '{sym.name}' holds {arr.size} values, its shape {list(sym.shape)} needs "
+                               f"{int(np.prod(sym.shape, dtype=np.int64))}")
         elif sym.name in wanted:
             arr = np.asarray(values[sym.name])
             want = np.dtype(NUMPY_DTYPE[sym.dtype])
@@ -225,14 +219,15 @@ def load(program: Program, values: dict) -> np.ndarray:
                                f"got {arr.dtype} {list(arr.shape)}")
         else:
             continue
-        _store(mem, sym, arr.reshape(tuple(sym.shape)), m)
+        _store(mem, prep.sym_rows[sym.name], sym, arr.reshape(tuple(sym.shape)), m)
     return mem
 
 
 # ---- the run ------------------------------------------------------------------------------------
 HAZARD_KIND = {core.H_STREAM_EMPTY: "stream-read", core.H_TWO_WRITERS: "two-writers", core.H_BANK: "bank-conflict",
                core.H_ADDR: "address", core.H_BUSY: "unit-busy", core.H_NOT_READY: "not-ready",
-               core.H_DTYPE: "dtype", core.H_OPERAND: "operand"}
+               core.H_DTYPE: "dtype", core.H_OPERAND: "operand", core.H_SRAM_EMPTY: "sram-live",
+               core.H_UNREAD: "stream-unread", core.H_INSTALL: "mxm-order"}
 
 
 def _stream_name(d: int, s: int) -> str:
@@ -269,6 +264,15 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
     elif kind == core.H_NOT_READY:
         expected = f"issue at cycle {x2} or later"
         detail = f"accumulator row {x1} of MXM plane {x0} is ready at cycle {x2}"
+    elif kind == core.H_SRAM_EMPTY:
+        expected = "a WRITE to the address earlier, or a tensor loaded there"
+        detail = f"on slice {x0} bank {x1} address {x2} (expected {expected})"
+    elif kind == core.H_UNREAD:
+        expected = "a reader at or downstream of the writer in the cycle the value passes"
+        detail = f"on {_stream_name(x0, x1)} diagonal {x2} (expected {expected})"
+    elif kind == core.H_INSTALL:
+        expected = _dtype_name(x1)
+        detail = f"weight row {x2} was loaded as {_dtype_name(x0)}, the IW installs {expected}"
     elif kind == core.H_DTYPE:
         expected = _dtype_name(x1)
         detail = f"{_dtype_name(x0)} where the unit holds {expected}"
@@ -285,27 +289,70 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
                        cycle, qname, src, op.name, line, HAZARD_KIND[kind], expected)
 
 
-def run(program: Program, values: dict, trace: bool = False) -> RunResult:
-    """Run `program` on `values` (every input, weight and state tensor, by name)."""
+BULK_MIN = 4    # batches of this many ABCs or more go to BLAS when that gives the same bits
+
+
+def _bulk(ws, plane: int) -> None:
+    """Multiply out the pending ABCs of `plane` with one BLAS product (core.flush asked for it,
+    having proved with mxm.exact_in_f64 that every sum is exact: the bits of mxm.products).
+    + 0.0 turns an exact zero that BLAS may give as -0 into the +0 of the in-order sum."""
+    _, _, _, _, wts, _, _, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, pstat = ws
+    n = int(pend_n[plane])
+    y = pend_x[plane, :n] @ wts[plane]
+    y += 0.0
+    mxm.accumulate(acc_bits[plane], pend_meta[plane], n, y)
+    pend_n[plane] = 0
+    pstat[plane] = 0
+
+
+def _cycles_hazard(program: Program, s: Schedule, cycles: int) -> HazardError:
+    """The binary's cycle count is not the run's: reported at the instruction of the last result."""
     m = program.machine
-    mem = load(program, values)
-    s = schedule(program)
-    tables = np.ascontiguousarray(program.tables, np.int64)
-    if tables.ndim != 2 or tables.shape[1] != m.lanes:
-        raise LpuError(f"bad program: SXM tables have shape {tables.shape}, expected [n, {m.lanes}]")
-    qidx = np.array([q[2] for q in m.queues], np.int64)
-    qpos = np.array([q[4] for q in m.queues], np.int64)
-    ring_size = 64
-    while ring_size < 2 * (m.n_positions + max(m.latency.values()) + 1):
-        ring_size *= 2
+    qname, src, opname, line, last = "-", -1, "-", 0, cycles - 1 - m.icu_skew
+    where = "no instruction"
+    if len(s.cycle):
+        i = int(np.argmax(s.cycle + s.latency))
+        src, opname, line = int(s.src[i]), O.OPS[s.op[i]].name, int(program.line[s.src[i]])
+        qname = m.queues[s.queue[i]][0]
+        text = program.source_line(line)
+        where = f"instruction {src}: {opname}" + (f", DSL line {line}" + (f" '{text}'" if text else "") if line else "")
+    return HazardError(f"hazard at cycle {max(last, 0)} on {qname} ({where}): wrong cycle count: the program says "
+                       f"{program.predicted_cycles}, its last result is ready in cycle {last} "
+                       f"(+1, +icu_skew {m.icu_skew}: {cycles})", max(last, 0), qname, src, opname, line, "cycles",
+                       str(cycles))
+
+
+def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) -> RunResult:
+    """Run `program` on `values` (every input, weight and state tensor, by name). `bulk=False`
+    multiplies every batch of ABCs in the core, in lane order (the same bits; for tests)."""
+    m = program.machine
+    prep = prepare(program, schedule)
+    s = prep.sched
+    mem = load(program, values, prep)
+    valid = np.zeros(len(mem), np.uint8)
+    valid[prep.loaded_rows] = 1
     hz = np.zeros(8, np.int64)
     counters = np.zeros(core.N_COUNTERS, np.int64)
-    core.execute(s.cycle, CORE_OP[s.op], s.queue.astype(np.int64), s.args, s.latency, qidx, qpos,
-                 m.lanes, m.streams_per_direction, ring_size, m.mxm_planes, m.acc_rows, m.f16_pair_cycles,
-                 mem, tables, F16_TO_F32, hz, counters)
+    if prep.workspace is None:
+        prep.workspace = core.workspace(m.lanes, m.streams_per_direction, prep.ring_size, m.mxm_planes, m.acc_rows,
+                                        m.mem_slices, m.banks_per_slice)
+    else:
+        core.reset(prep.workspace)
+    at = 0
+    while True:
+        at = core.execute(at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency,
+                          m.lanes, m.streams_per_direction, m.acc_rows, m.f16_pair_cycles,
+                          m.addresses_per_bank, prep.bank_base, prep.bank_lo, mem, valid, prep.tables, F16_TO_F32,
+                          prep.workspace, BULK_MIN if bulk else 0, hz, counters)
+        if hz[0] != core.H_FLUSH:
+            break
+        _bulk(prep.workspace, int(hz[3]))
+        hz[:] = 0
     if hz[0] != core.H_NONE:
         raise _hazard(program, s, hz)
     cycles = s.cycles + m.icu_skew if len(s.cycle) else 0
+    if cycles != program.predicted_cycles:
+        raise _cycles_hazard(program, s, cycles)
     busy = {"mem": int(counters[core.K_BANK_ACCESSES]), "vxm": int(counters[core.K_VXM_BUSY]),
             "mxm": int(counters[core.K_MXM_BUSY]), "sxm": int(counters[core.K_SXM_BUSY])}
     units = {"mem": m.mem_slices * m.banks_per_slice, "vxm": m.vxm_alus, "mxm": m.mxm_planes,
@@ -315,7 +362,7 @@ def run(program: Program, values: dict, trace: bool = False) -> RunResult:
                   queue_instructions=np.bincount(s.queue, minlength=len(m.queues)))
     util = {k: (busy[k] / (cycles * units[k]) if cycles else 0.0) for k in ("mxm", "vxm", "mem", "sxm")}
     return RunResult(
-        outputs={y.name: _fetch(mem, y, m) for y in program.symbols if y.kind == "output"},
-        states={y.name: _fetch(mem, y, m) for y in program.symbols if y.kind == "state"},
+        outputs={y.name: _fetch(mem, prep.sym_rows[y.name], y, m) for y in program.symbols if y.kind == "output"},
+        states={y.name: _fetch(mem, prep.sym_rows[y.name], y, m) for y in program.symbols if y.kind == "state"},
         cycles=cycles, instructions=len(s.cycle), counters=counts, utilization=util,
         trace=Trace(s.cycle, s.src, s.repeat) if trace else None)

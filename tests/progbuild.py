@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from lpu.emulator.run import schedule
 from lpu.isa import opcodes as O
+from lpu.isa.errors import LpuError
 from lpu.isa.machine import EAST
 from lpu.isa.program import Program, Symbol, empty_columns, vector_grid
 
@@ -101,5 +103,11 @@ class ProgBuilder:
             queue[i], op[i], line[i] = q, o, ln
             args[i, :len(a)] = a
         tables = np.stack(self.tables) if self.tables else None
-        return Program(self.m, queue, op, args, line, node, symbols=list(self.symbols), tables=tables,
-                       source_lines=self.source_lines)
+        p = Program(self.m, queue, op, args, line, node, symbols=list(self.symbols), tables=tables,
+                    source_lines=self.source_lines)
+        try:   # the cycle count a compiler would record (emulator/run.py checks it)
+            s = schedule(p)
+            p.predicted_cycles = s.cycles + self.m.icu_skew if len(s.cycle) else 0
+        except LpuError:
+            pass   # a malformed program, built to be refused
+        return p

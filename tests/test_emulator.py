@@ -349,10 +349,11 @@ def test_two_writers_on_one_diagonal():
 
 def test_bank_conflict_and_address_range():
     b = ProgBuilder(M)
+    b.tensor("x", "input", "i8", (8, L), [3], bank=1)
     b.at(4, "mem3.0", "READ", 1, 0, ref("i8", EAST, 0))
     b.at(4, "mem3.1", "READ", 1, 7, ref("i8", EAST, 1))
     with pytest.raises(HazardError) as e:
-        run(b.build(), {})
+        run(b.build(), {"x": rand("i8", (8, L))})
     assert (e.value.kind, e.value.cycle, e.value.queue) == ("bank-conflict", 4, "mem3.1")
     b = ProgBuilder(M)
     b.at(4, "mem3.0", "READ", 0, M.addresses_per_bank, ref("i8", EAST, 0))

@@ -1,0 +1,192 @@
+"""The emulator's dispatch comes from the opcode table (unit and name, never numeric ranges); the
+hazards the checker also rejects (SRAM read of an address without a value, a stream value
+nobody reads, weights installed as another type than loaded, a wrong cycle count); and the
+MXM batch paths (in-order sum in the core, BLAS when provably exact) giving the same bits."""
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lpu.emulator import core, mxm
+from lpu.emulator.prepare import MISSING, dispatch_table, refuse_missing
+from lpu.emulator.run import HazardError, run
+from lpu.isa import opcodes as O
+from lpu.isa.errors import LpuError
+from lpu.isa.machine import EAST, UNIT_MEM, UNIT_VXM, WEST, MachineConfig
+from tests.progbuild import ProgBuilder, ref
+
+M = MachineConfig.load("tiny")
+L = M.lanes
+LAT = M.latency
+RNG = np.random.default_rng(11)
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs")
+
+
+# ---- dispatch by the opcode table -----------------------------------------------------------------
+def test_dispatch_reads_unit_and_name_from_the_table():
+    cop, cunit = dispatch_table()
+    for s in O.OPS:
+        if s.name in core.CORE_OPS:
+            assert cop[s.code] == core.CORE_OPS.index(s.name)
+            assert cunit[s.code] == core.CORE_UNIT_OF[s.name]
+    # a copy of the table with ADD moved to the end (a new code) and a dummy VXM op appended
+    add = O.BY_NAME["ADD"]
+    table = [s for s in O.OPS if s.name != "ADD"]
+    table = [dataclasses.replace(s, code=i) for i, s in enumerate(table)]
+    table.append(dataclasses.replace(add, code=len(table)))
+    table.append(O.OpSpec(len(table), "FROB", UNIT_VXM, (("a", "ref"), ("out", "ref")), "vxm", 1))
+    table.append(O.OpSpec(len(table), "READ", UNIT_VXM, (("a", "ref"),), "vxm", 1))   # READ on the wrong unit
+    cop, cunit = dispatch_table(table)
+    moved, frob, misplaced = len(table) - 3, len(table) - 2, len(table) - 1
+    assert cop[moved] == core.C_ADD and cunit[moved] == core.U_VXM
+    assert cop[frob] == MISSING and cunit[frob] == core.U_VXM
+    assert cop[misplaced] == MISSING
+    assert cop[O.BY_NAME["READ"].code] == core.C_READ and cunit[O.BY_NAME["READ"].code] == core.U_MEM
+    with pytest.raises(LpuError, match="opcode FROB .VXM unit. has no implementation in the emulator"):
+        refuse_missing(None, table, cop, np.array([moved, frob]))
+    refuse_missing(None, table, cop, np.array([moved]))      # a program without FROB is fine
+
+
+# ---- hazards the checker also rejects ---------------------------------------------------------------
+def _raises(p, values, kind):
+    with pytest.raises(HazardError) as e:
+        run(p, values)
+    assert e.value.kind == kind, str(e.value)
+    return e.value
+
+
+def test_read_of_sram_without_a_value():
+    b = ProgBuilder(M, ["y = x"])
+    y = b.tensor("y", "output", "i8", (L,), [3])
+    b.at(6, "mem3.0", "READ", int(y.banks[0, 0]), int(y.addrs[0, 0]), ref("i8", EAST, 0), line=1)
+    b.write_vec(y, 0, EAST, 0, b.diag(6 + LAT["mem_read"], EAST, M.slice_pos(3)), port=1)
+    h = _raises(b.build(), {}, "sram-live")
+    assert (h.cycle, h.queue, h.opcode, h.line) == (6, "mem3.0", "READ", 1)
+    assert "holds no value" in str(h) and "DSL line 1 'y = x'" in str(h)
+
+
+def test_stream_value_nobody_reads():
+    b = ProgBuilder(M, ["x"])
+    x = b.tensor("x", "input", "i8", (L,), [2])
+    b.read_vec(x, 0, EAST, 5, 30, line=1)
+    h = _raises(b.build(), {"x": RNG.integers(-9, 9, L).astype(np.int8)}, "stream-unread")
+    assert (h.queue, h.opcode, h.line) == ("mem2.0", "READ", 1)
+    assert h.cycle == b.issue_for(30, EAST, M.slice_pos(2), LAT["mem_read"])
+    assert "E5 diagonal 30" in str(h)
+
+
+def test_weights_installed_as_another_type():
+    b = ProgBuilder(M, ["z = x @ w"])
+    w = b.tensor("w", "weight", "i8", (L, L), [2])
+    b.read_vec(w, 0, WEST, 0, 20, n=L)
+    t = b.issue_for(20, WEST, 0)
+    b.at(t, "mxm0.lw0", "LW", 0, ref("i8", WEST, 0))
+    b.raw("mxm0.lw0", "REPEAT", L - 1, 1)
+    b.at(t + L, "mxm0", "IW", O.DT_F16, 0, line=1)
+    h = _raises(b.build(), {"w": RNG.integers(-9, 9, (L, L)).astype(np.int8)}, "mxm-order")
+    assert (h.cycle, h.queue, h.opcode, h.line) == (t + L, "mxm0", "IW", 1)
+    assert "loaded as i8, the IW installs f16" in str(h)
+
+
+def test_wrong_cycle_count():
+    b = ProgBuilder(M, ["y = x"])
+    x = b.tensor("x", "input", "i8", (L,), [0])
+    y = b.tensor("y", "output", "i8", (L,), [5], bank=1)
+    b.read_vec(x, 0, EAST, 2, 20)
+    b.write_vec(y, 0, EAST, 2, 20, line=1)
+    p = b.build()
+    xv = RNG.integers(-9, 9, L).astype(np.int8)
+    assert run(p, {"x": xv}).cycles == p.predicted_cycles
+    p.predicted_cycles += 1
+    h = _raises(p, {"x": xv}, "cycles")
+    assert (h.queue, h.opcode, h.line) == ("mem5.0", "WRITE", 1)
+    assert f"the program says {p.predicted_cycles}" in str(h)
+
+
+# ---- MXM: in-order sums and BLAS give the same bits ----------------------------------------------
+def _f16(draw_exps, mant, sign):
+    return (sign * mant * np.exp2(draw_exps)).astype(np.float16).astype(np.float64)
+
+
+@st.composite
+def operands(draw):
+    """f16 activations [n, k] and weights [k, m] with exponents anywhere in the f16 range (or in a
+    narrow band, so that some batches are provably exact), and cancelling pairs of products."""
+    n, k, m = draw(st.integers(1, 6)), draw(st.sampled_from([8, 16, 32])), 8
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    lo, hi = draw(st.sampled_from([(-24, 15), (-6, 4), (-2, 2), (0, 0)]))
+    x = _f16(rng.integers(lo, hi + 1, (n, k)), rng.integers(1, 2048, (n, k)) / 1024, rng.choice([-1, 1], (n, k)))
+    w = _f16(rng.integers(lo, hi + 1, (k, m)), rng.integers(1, 2048, (k, m)) / 1024, rng.choice([-1, 1], (k, m)))
+    half = k // 2
+    if draw(st.booleans()):          # x[:, half:] * w[half:] cancels x[:, :half] * w[:half] exactly
+        x[:, half:2 * half] = x[:, :half]
+        w[half:2 * half] = -w[:half]
+    x[rng.random((n, k)) < 0.1] = 0.0
+    return x, w
+
+
+def _stat(v):
+    s = np.zeros(4, np.int64)
+    for a in v.ravel():
+        mxm.note(s, a)
+    return s
+
+
+@given(operands())
+def test_batch_products_equal_row_products_and_blas_where_exact(ops):
+    x, w = ops
+    n, k = x.shape
+    y = np.zeros((n, w.shape[1]))
+    mxm.products(x, n, w, y)
+    for b in range(n):                                # one ABC at a time: the same bits
+        yr = np.zeros((1, w.shape[1]))
+        mxm.products(x[b:b + 1], 1, w, yr)
+        assert np.array_equal(yr[0].view(np.int64), y[b].view(np.int64))
+    if mxm.exact_in_f64(_stat(x), _stat(w), k):
+        blas = x @ w + 0.0
+        assert np.array_equal(blas.view(np.int64), y.view(np.int64))
+        # and both are the exact sum (integers in units of 2^-48)
+        xi = (x * 2.0**24).astype(np.int64).astype(object)
+        wi = (w * 2.0**24).astype(np.int64).astype(object)
+        exact = xi.dot(wi)
+        assert all(float(e) == float(v) * 2.0**48 for e, v in zip(exact.ravel(), y.ravel()))
+
+
+def test_exactness_test_is_not_vacuous():
+    small = np.array([[1.0, 0.5, -0.25]])
+    wide = np.array([[2.0**15, 2.0**-24, 1.0]])
+    assert mxm.exact_in_f64(_stat(small), _stat(small.T), 320)
+    assert not mxm.exact_in_f64(_stat(wide), _stat(wide.T), 320)
+    assert not mxm.exact_in_f64(_stat(np.array([np.inf])), _stat(small), 320)
+
+
+# ---- whole programs: the bulk path changes no bit ------------------------------------------------
+def _same_bits(a, b):
+    for name in a:
+        assert a[name].dtype == b[name].dtype and np.array_equal(a[name].view(np.uint8), b[name].view(np.uint8)), name
+
+
+def _bulk_equals_row(name, machine, params=None):
+    from lpu.api import inputs_for
+    from lpu.compiler.driver import compile_file
+    prog, graph = compile_file(os.path.join(PROGRAMS, name + ".lpu"), params or {}, machine)
+    values = inputs_for(graph, prog, 0)
+    a, b = run(prog, values), run(prog, values, bulk=False)
+    _same_bits(a.outputs, b.outputs)
+    _same_bits(a.states, b.states)
+    assert a.cycles == b.cycles == prog.predicted_cycles
+
+
+@pytest.mark.parametrize("name", ["matmul", "mlp", "attention_decode", "gpt2_block_decode"])
+def test_bundled_programs_bulk_equals_row(name, tsp):
+    _bulk_equals_row(name, tsp)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["attention_prefill", "gpt2_block_prefill", "llama_block_prefill",
+                                  "llama_block_decode"])
+def test_bundled_prefills_bulk_equals_row(name, tsp):
+    _bulk_equals_row(name, tsp)
