@@ -67,7 +67,7 @@ def test_run_exits_0_iff_verify_exits_0(workdir, seed):
     assert (run_rc == 0) == (verify_rc == 0), (run_rc, verify_rc, counts, run_err[:300])
 
 
-@pytest.mark.xfail(reason=PENDING_REASON.split(": ")[0] + ": " + EMULATOR_PENDING["cycles"], strict=True)
+
 def test_run_refuses_a_wrong_predicted_cycle_count(workdir):
     import dataclasses
     p = FC.compiled("mlp.lpu")
