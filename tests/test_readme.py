@@ -30,6 +30,21 @@ def test_normalize_masks_wall_times_only():
     assert readme.normalize("937 cycles") != readme.normalize("938 cycles")
 
 
+def test_readme_cycle_counts_are_the_golden_ones():
+    """Every program row of the README's tables (generated or kept by hand) has the cycle count
+    of tests/golden_cycles.json at default params on tsp-v1."""
+    import json
+    import os
+    with open(os.path.join(readme.ROOT, "tests", "golden_cycles.json")) as f:
+        golden = {e["program"]: e["cycles"] for e in json.load(f)["programs"]
+                  if e["machine"] == "tsp-v1" and not e["params"]}
+    with open(readme.README) as f:
+        rows = readme.table_cycles(f.read())
+    assert set(readme.TABLE_PROGRAMS) <= set(rows) and {"bert_base", "gpt2_small_prefill"} <= set(rows)
+    for name, cycles in rows.items():
+        assert cycles == golden[name], f"README: {name} has {cycles:,} cycles, tests/golden_cycles.json {golden[name]:,}"
+
+
 def test_isa_doc_is_current():
     with open(isadoc.PATH) as f:
         assert f.read() == isadoc.render(), "docs/isa.md is stale: python -m tools.isadoc"

@@ -35,6 +35,7 @@ class Sample:
 
 SAMPLES = {
     "commands": Sample((), text="commands_table"),
+    "programs": Sample((), slow=True, text="programs_table"),
     "run-mlp": Sample((("run", "programs/mlp.lpu", "--check"),)),
     "trace-mlp": Sample((("trace", "programs/mlp.lpu", "--cycles", "92:112", "--units", "mxm"),)),
     "report-decode": Sample((("run", "programs/gpt2_block_decode.lpu", "--report"),), head=30),
@@ -74,6 +75,33 @@ def commands_table() -> str:
         usage = usage.replace(" [-h]", "").replace("|", "\\|")
         rows.append(f"| `{usage}` | {helps.get(name, '')} |")
     return "\n".join(rows) + "\n"
+
+
+# the programs table: every bundled program at its default params on tsp-v1 (the 12-layer
+# prefills take minutes to compile: their rows are kept by hand, checked against the golden file)
+TABLE_PROGRAMS = ("matmul", "mlp", "attention_prefill", "attention_decode", "gpt2_block_prefill",
+                  "gpt2_block_decode", "llama_block_prefill", "llama_block_decode", "gpt2_small_decode")
+NOTES = {"gpt2_small_decode": " (12 layers, i8 weights)"}
+
+
+def programs_table() -> str:
+    import json
+    rows = ["| program | cycles | time (us) | MXM util | check | compile | emulate |", "|---|---|---|---|---|---|---|"]
+    for name in TABLE_PROGRAMS:
+        d = json.loads(run_lpu(("run", f"programs/{name}.lpu", "--check", "--json")))
+        assert d["cycles"] == d["predicted_cycles"], d
+        rows.append(f"| `{name}`{NOTES.get(name, '')} | {d['cycles']:,} | {d['time_us']:,.2f} | "
+                    f"{d['utilization']['mxm']:.3f} | {'ok' if d['check']['ok'] else 'MISMATCH'} | "
+                    f"{d['compile_s']:.1f} s | {d['wall_s']:.2f} s |")
+    return "\n".join(rows) + "\n"
+
+
+def table_cycles(readme: str) -> dict:
+    """program name -> cycles, from every `| `name` ... | cycles |` row of the README's tables."""
+    out = {}
+    for m in re.finditer(r"^\| `(\w+)`[^|]*\| ([\d,]+) \|", readme, re.M):
+        out.setdefault(m.group(1), int(m.group(2).replace(",", "")))
+    return out
 
 
 def render(key: str) -> str:
