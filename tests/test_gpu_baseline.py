@@ -278,3 +278,15 @@ def test_calibrate_script_compiles_and_imports_torch_lazily():
     names = {a.name for n in top for a in n.names} | {n.module for n in top if isinstance(n, ast.ImportFrom)}
     assert "torch" not in names
     compile(open(path).read(), path, "exec")
+
+
+def test_compare_shows_one_gpu_and_the_group(capsys):
+    import json
+
+    from lpu.cli import main
+    prog = os.path.join(os.path.dirname(workloads.__file__), "..", "programs", "attention_decode.lpu")
+    assert main(["compare", prog, "--gpus", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    grp = d["gpu"]["group"]
+    assert grp["gpus"] == 2 and grp["time_us"] > 0 and grp["allreduce_us"] > 0
+    assert d["gpu"]["time_us"] > 0 and "tokens_per_s" in grp
