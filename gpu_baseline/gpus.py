@@ -37,13 +37,18 @@ class GpuConfig:
     nvlink_gbs: float         # NVLink bandwidth per GPU and direction (tensor-parallel groups)
     nvlink_efficiency: float  # achievable fraction of nvlink_gbs by all-reduce (bus bandwidth)
     allreduce_latency_us: float  # fixed time of one small all-reduce in a group
-    step_host_us: float       # host time per forward pass outside the kernels (end-to-end figures)
+    step_host_graph_us: float   # host time per forward pass outside the kernels, CUDA-graph runs
+    step_host_stream_us: float  # the same for stream-launched runs (end-to-end figures)
     gemm_tiles: tuple = ()    # ((rows, cols), ...): output tiles the GEMM heuristic picks from
     source: str = ""
 
     @property
     def l2_bytes(self) -> float:
         return self.l2_mb * 1e6
+
+    def step_host_us(self, mode: str) -> float:
+        """Host time per forward pass outside the kernels, by launch mode (0 for "none")."""
+        return {"graph": self.step_host_graph_us, "stream": self.step_host_stream_us}.get(mode, 0.0)
 
     def launch_us(self, mode: str) -> float:
         if mode == "stream":

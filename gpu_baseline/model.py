@@ -154,8 +154,8 @@ def cost_graph(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: boo
             t, _ = _with_launch(gpu, launch, body)
             ops.append(OpCost(node=nid, op="all_reduce", line=nodes[nid].line, flops=0.0, bytes=nbytes,
                               time_us=t, bound="comm", fused=(nid,)))
-    if host:
-        ops.append(OpCost(node=-1, op="host", line=0, flops=0.0, bytes=0.0, time_us=gpu.step_host_us,
+    if host and gpu.step_host_us(launch):
+        ops.append(OpCost(node=-1, op="host", line=0, flops=0.0, bytes=0.0, time_us=gpu.step_host_us(launch),
                           bound="launch"))
     return GpuCost(gpu.name, launch, fuse, sum(o.time_us for o in ops), ops, gpus=gpus)
 

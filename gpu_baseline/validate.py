@@ -95,7 +95,7 @@ def modelled(case: dict, gpu=None) -> float:
     gpu = gpu or load_gpu(case["gpu"])
     e2e = case["timing"] == "e2e"
     us = cost_graph(workload_graph(case), gpu, launch=case["launch"] if e2e else "none",
-                    gpus=case["gpus"], host=e2e, inputs_in_l2=case.get("inputs_in_l2", False)).total_us
+                    fuse=case.get("fuse", True), gpus=case["gpus"], host=e2e, inputs_in_l2=case.get("inputs_in_l2", False)).total_us
     metric = case["metric"]
     if metric == "tokens_per_s":
         return 1e6 / us
