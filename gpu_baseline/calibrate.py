@@ -177,13 +177,11 @@ def measure(reps: int, device: str) -> tuple[dict, list[dict]]:
         for m in (TOKENS[:2] if small else TOKENS):
             x = torch.randn(m, sc(k), **kw)
             case(f"L2-7B {name} {m}x{k}x{n}", f"gemm:{m},{k},{n}", timer.median_us(lambda: x @ w))
-        del w
     for tp in (1, 2, 4, 8):
         for name, (k, n) in L70.items():
             k2, n2 = (k // tp, n) if name in ("o", "down") else (k, n // tp)
             w, x = torch.randn(sc(k2), sc(n2), **kw), torch.randn(1, sc(k2), **kw)
             case(f"L2-70B TP{tp} {name} 1x{k2}x{n2}", f"gemm:1,{k2},{n2}", timer.median_us(lambda: x @ w))
-            del w
     a = torch.randn(sc(8192), sc(8192), **kw)
     case("GEMM 8192x8192x8192", "gemm:8192,8192,8192", timer.median_us(lambda: a @ a))
     for n in (2**20, 2**24, 2**26):

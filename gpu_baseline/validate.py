@@ -159,7 +159,11 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     show_cases = "--cases" in argv
     paths = [a for a in argv if a != "--cases"] or None
-    rows = validation_table(paths)
+    try:
+        rows = validation_table(paths)
+    except (ConfigError, OSError, tomllib.TOMLDecodeError) as e:
+        print(f"validate: {e}", file=sys.stderr)
+        return 2
     if show_cases:
         print(format_table(rows) + "\n")
     print(format_summary(rows))

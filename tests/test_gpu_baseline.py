@@ -291,3 +291,11 @@ def test_compare_shows_one_gpu_and_the_group(capsys):
     grp = d["gpu"]["group"]
     assert grp["gpus"] == 2 and grp["time_us"] > 0 and grp["allreduce_us"] > 0
     assert d["gpu"]["time_us"] > 0 and "tokens_per_s" in grp
+
+
+def test_validate_cli_bad_file_exits_2(tmp_path, capsys):
+    from lpu.gpu_baseline import validate
+    p = tmp_path / "rows.toml"
+    p.write_text('[[case]]\nid = "x"\nworkload = "gemm:1,2"\n')
+    assert validate.main([str(p)]) == 2
+    assert "lacks" in capsys.readouterr().err
