@@ -128,49 +128,33 @@ class Llama:
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return self.t.stack((x1 * c - x2 * sn, x1 * sn + x2 * c), -1).flatten(-2)
 
-    def forward(self, x, pos: int):
-        """x [s, d] embedded tokens at positions [pos, pos + s); returns the last token's logits."""
+    def layer(self, x, L: dict, pos: int):
+        """One transformer layer on x [s, d] at positions [pos, pos + s), writing its KV cache."""
         t, cfg = self.t, self.cfg
         s, d, h = x.shape[0], cfg["d"], cfg["heads"]
         F = t.nn.functional
+        q, k, v = (self._rms(x, L["n1"]) @ L["qkv"]).view(s, 3, h, d // h).permute(1, 0, 2, 3).unbind(0)
+        q, k, v = (y.transpose(0, 1).unsqueeze(0) for y in (q, k, v))
+        q, k = self._rope(q, pos), self._rope(k, pos)
+        L["k"][:, :, pos:pos + s] = k
+        L["v"][:, :, pos:pos + s] = v
+        a = F.scaled_dot_product_attention(q, L["k"][:, :, :pos + s], L["v"][:, :, :pos + s],
+                                           is_causal=s > 1)
+        x = x + a[0].transpose(0, 1).reshape(s, d) @ L["o"]
+        gu = self._rms(x, L["n2"]) @ L["gu"]
+        return x + (F.silu(gu[:, :cfg["ffn"]]) * gu[:, cfg["ffn"]:]) @ L["dn"]
+
+    def forward(self, x, pos: int, layer=None):
+        """x [s, d] embedded tokens at positions [pos, pos + s); returns the last token's logits.
+        `layer`: the per-layer function to run (self.layer, or a torch.compile of it)."""
+        layer = layer or self.layer
         for L in self.layers:
-            q, k, v = (self._rms(x, L["n1"]) @ L["qkv"]).view(s, 3, h, d // h).permute(1, 0, 2, 3).unbind(0)
-            q, k, v = (y.transpose(0, 1).unsqueeze(0) for y in (q, k, v))
-            q, k = self._rope(q, pos), self._rope(k, pos)
-            L["k"][:, :, pos:pos + s] = k
-            L["v"][:, :, pos:pos + s] = v
-            a = F.scaled_dot_product_attention(q, L["k"][:, :, :pos + s], L["v"][:, :, :pos + s],
-                                               is_causal=s > 1)
-            x = x + a[0].transpose(0, 1).reshape(s, d) @ L["o"]
-            gu = self._rms(x, L["n2"]) @ L["gu"]
-            x = x + (F.silu(gu[:, :cfg["ffn"]]) * gu[:, cfg["ffn"]:]) @ L["dn"]
+            x = layer(x, L, pos)
         return self._rms(x[-1:], self.norm) @ self.head
 
 
-def measure(reps: int, device: str) -> tuple[dict, list[dict]]:
-    import torch                                             # lazily: only where it runs
-
-    cuda = device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise SystemExit("calibrate: no CUDA device (this script needs an NVIDIA GPU and PyTorch)")
-    small = not cuda                                          # CPU dry run: tiny shapes
-    info = {"device": torch.cuda.get_device_name(0) if cuda else "cpu (dry run)",
-            "torch": torch.__version__, "cuda": str(torch.version.cuda)}
-    timer = Timer(torch, reps, cuda)
-    dt = torch.float16
-    kw = dict(dtype=dt, device=device)
+def _kernel_rows(torch, timer, kw, small, case):
     F = torch.nn.functional
-    cases = []
-
-    def case(cid, workload, value, metric="kernel_us", **extra):
-        unit = {"kernel_us": "us", "tokens_per_s": "tokens/s", "ttft_ms": "ms"}[metric]
-        kernel = metric == "kernel_us" and not workload.startswith("empty")
-        row = {"id": cid, "workload": workload, "metric": metric, "measured": round(value, 3),
-               "unit": unit, "timing": "kernel" if metric == "kernel_us" else "e2e", "prompt_len": 1,
-               "output_len": 1, "launch": "none" if kernel else "stream", "gpus": 1, **extra}
-        cases.append(row)
-        print(f"{cid:<40} {value:>12.3f} {unit}", flush=True)
-
     sc = (lambda n: max(1, n // 64)) if small else (lambda n: n)
     for name, (k, n) in L7.items():
         w = torch.randn(sc(k), sc(n), **kw)
@@ -209,23 +193,56 @@ def measure(reps: int, device: str) -> tuple[dict, list[dict]]:
     replay = timer.graph(lambda: [tiny.add_(1) for _ in range(200)])
     case("tiny kernels in a CUDA graph", "empty", timer.median_us(replay, flush=False) / 200, launch="graph")
 
-    # end to end: Llama-2-7B with random weights
+
+
+def measure(reps: int, device: str, kernels: bool = True, e2e: bool = True,
+            compile: bool = False) -> tuple[dict, list[dict]]:
+    import torch                                             # lazily: only where it runs
+
+    cuda = device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("calibrate: no CUDA device (this script needs an NVIDIA GPU and PyTorch)")
+    small = not cuda                                          # CPU dry run: tiny shapes
+    info = {"device": torch.cuda.get_device_name(0) if cuda else "cpu (dry run)",
+            "torch": torch.__version__, "cuda": str(torch.version.cuda)}
+    timer = Timer(torch, reps, cuda)
+    dt = torch.float16
+    kw = dict(dtype=dt, device=device)
+    cases = []
+
+    def case(cid, workload, value, metric="kernel_us", **extra):
+        unit = {"kernel_us": "us", "tokens_per_s": "tokens/s", "ttft_ms": "ms"}[metric]
+        kernel = metric == "kernel_us" and not workload.startswith("empty")
+        row = {"id": cid, "workload": workload, "metric": metric, "measured": round(value, 3),
+               "unit": unit, "timing": "kernel" if metric == "kernel_us" else "e2e", "prompt_len": 1,
+               "output_len": 1, "launch": "none" if kernel else "stream", "gpus": 1, **extra}
+        cases.append(row)
+        print(f"{cid:<40} {value:>12.3f} {unit}", flush=True)
+
+    if kernels:
+        _kernel_rows(torch, timer, kw, small, case)
+    if not e2e:
+        return info, cases
+    # end to end: Llama-2-7B with random weights; with compile, each layer through torch.compile
+    # (Inductor fuses the norms, rotary embedding and activation, as gpt-fast does)
     cfg = dict(LLAMA, layers=2, d=256, heads=4, ffn=512, vocab=1000) if small else LLAMA
     ctxs = (64,) if small else (256, 2048)
     model = Llama(torch, device, dt, max(ctxs) + 1, cfg)
+    layer = torch.compile(model.layer, dynamic=False) if compile else model.layer
+    tag = "torch.compile + CUDA graph" if compile else "CUDA graph"
     e2e_reps = max(3, reps // 5)
     with torch.inference_mode():
         for ctx in ctxs:
             x1 = torch.randn(1, cfg["d"], **kw)
-            step = timer.graph(lambda: model.forward(x1, ctx - 1))
+            step = timer.graph(lambda: model.forward(x1, ctx - 1, layer))
             us = Timer(torch, e2e_reps, cuda).median_us(step, flush=False)
-            case(f"Llama-2-7B decode ctx={ctx}, CUDA graph", "decode:llama2-7b", 1e6 / us, metric="tokens_per_s",
+            case(f"Llama-2-7B decode ctx={ctx}, {tag}", "decode:llama2-7b", 1e6 / us, metric="tokens_per_s",
                  prompt_len=ctx - 1, launch="graph")
         for s in ((32,) if small else (128, 512, 2048)):
             xs = torch.randn(s, cfg["d"], **kw)
-            step = timer.graph(lambda: model.forward(xs, 0))
+            step = timer.graph(lambda: model.forward(xs, 0, layer))
             us = Timer(torch, e2e_reps, cuda).median_us(step, flush=False)
-            case(f"Llama-2-7B prefill {s}, CUDA graph", "prefill:llama2-7b", us / 1e3, metric="ttft_ms",
+            case(f"Llama-2-7B prefill {s}, {tag}", "prefill:llama2-7b", us / 1e3, metric="ttft_ms",
                  prompt_len=s, launch="graph")
     return info, cases
 
@@ -282,10 +299,12 @@ def main(argv=None):
     ap.add_argument("--out", help="output TOML (default calibration-<gpu>-<date>.toml; none on --device cpu)")
     ap.add_argument("--reps", type=int, default=30, help="timed repetitions per kernel (median)")
     ap.add_argument("--kernels", help="also write the GEMM kernel names per shape to this JSON file")
+    ap.add_argument("--compile", action="store_true",
+                    help="end-to-end rows through torch.compile (fused elementwise ops), no kernel rows")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: a dry run of every code path with small shapes")
     args = ap.parse_args(argv)
-    info, cases = measure(args.reps, args.device)
+    info, cases = measure(args.reps, args.device, kernels=not args.compile, compile=args.compile)
     if args.kernels:
         with open(args.kernels, "w") as f:
             json.dump({**info, "kernels": gemm_kernel_names(args.device)}, f, indent=1)
