@@ -31,25 +31,39 @@ class GpuConfig:
     hbm_efficiency: float     # achievable fraction of hbm_gbs by streaming kernels
     tensor_efficiency: float  # achievable fraction of the tensor peaks by cuBLAS-class GEMMs
     cuda_efficiency: float    # achievable fraction of cuda_f32_tflops by elementwise kernels
-    gemm_tile_m: int          # output tile of one thread block (wave quantization)
-    gemm_tile_n: int
+    attention_efficiency: float  # achievable fraction of the tensor peak in fused (flash) attention
+    kernel_fixed_us: float    # fixed duration of an elementwise / row kernel (ramp-up, tail, first loads)
+    gemm_fixed_us: float      # fixed duration of a GEMM or attention kernel (prologue, pipeline fill, tail)
+    nvlink_gbs: float         # NVLink bandwidth per GPU and direction (tensor-parallel groups)
+    nvlink_efficiency: float  # achievable fraction of nvlink_gbs by all-reduce (bus bandwidth)
+    allreduce_latency_us: float  # fixed time of one small all-reduce in a group
+    step_host_graph_us: float   # host time per forward pass outside the kernels, CUDA-graph runs
+    step_host_stream_us: float  # the same for stream-launched runs (end-to-end figures)
+    gemm_tiles: tuple = ()    # ((rows, cols), ...): output tiles the GEMM heuristic picks from
     source: str = ""
 
     @property
     def l2_bytes(self) -> float:
         return self.l2_mb * 1e6
 
+    def step_host_us(self, mode: str) -> float:
+        """Host time per forward pass outside the kernels, by launch mode (0 for "none")."""
+        return {"graph": self.step_host_graph_us, "stream": self.step_host_stream_us}.get(mode, 0.0)
+
     def launch_us(self, mode: str) -> float:
         if mode == "stream":
             return self.launch_stream_us
         if mode == "graph":
             return self.launch_graph_us
+        if mode == "none":                   # kernel durations alone (profiler-style figures)
+            return 0.0
         raise ConfigError(f"launch mode must be 'stream' or 'graph', got {mode!r}")
 
 
 _FLOAT_FIELDS = tuple(f.name for f in fields(GpuConfig) if f.type == "float")
 _INT_FIELDS = tuple(f.name for f in fields(GpuConfig) if f.type == "int")
-_FRACTIONS = ("hbm_efficiency", "tensor_efficiency", "cuda_efficiency")
+_FRACTIONS = ("hbm_efficiency", "tensor_efficiency", "cuda_efficiency", "attention_efficiency",
+              "nvlink_efficiency")
 
 
 def known_gpus() -> list[str]:
@@ -74,6 +88,16 @@ def load_gpu(name_or_path: str = "a100-80gb") -> GpuConfig:
     return gpu_from_dict(data, source=path)
 
 
+def _tiles(v, source: str) -> tuple:
+    ok = isinstance(v, (list, tuple)) and v and all(
+        isinstance(t, (list, tuple)) and len(t) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 4096
+                                                    for x in t) for t in v)
+    if not ok:
+        raise ConfigError(f"{source}: field 'gemm_tiles' must be a non-empty list of [rows, cols] positive "
+                          f"integer pairs, got {v!r}")
+    return tuple(tuple(t) for t in v)
+
+
 def gpu_from_dict(data: dict, source: str = "<dict>") -> GpuConfig:
     if not isinstance(data.get("name"), str) or not data["name"]:
         raise ConfigError(f"{source}: field 'name' is missing or not a string")
@@ -90,6 +114,7 @@ def gpu_from_dict(data: dict, source: str = "<dict>") -> GpuConfig:
         if k in _FRACTIONS and v > 1:
             raise ConfigError(f"{source}: field '{k}' is a fraction and must be at most 1, got {v!r}")
         vals[k] = float(v) if k in _FLOAT_FIELDS else v
+    vals["gemm_tiles"] = _tiles(data.get("gemm_tiles"), source)
     unknown = set(data) - set(vals) - {"name"}
     if unknown:
         raise ConfigError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}")

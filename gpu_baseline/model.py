@@ -12,16 +12,24 @@ Passes, in order:
   3. attention: with fuse=True, score GEMM -> row softmax kernel -> value GEMM chains whose
               intermediates have no other consumer merge into one flash-attention kernel
               (scores never leave the SM; a causal mask skips the masked half of the work).
-  4. cost:    per kernel, time = max(compute, memory) + HBM latency x dependent passes + launch.
-              compute = GEMM flops / (tensor peak of the operand dtype x tensor efficiency x wave
-              efficiency) + other flops / (CUDA-core f32 peak x CUDA efficiency). memory = bytes
-              at HBM bandwidth x HBM efficiency, or at L2 bandwidth (same efficiency) for
-              intermediates that fit in L2. Leaves and states (weights, KV cache) always stream
-              from HBM, each read once per kernel. Wave efficiency = tiles / (waves x SMs) with
-              128x128 output tiles: the tile and wave quantization of cuBLAS GEMMs.
+  4. cost:    per kernel, time = max(compute, memory) + fixed + launch.
+              compute: GEMMs by gemm_plan (a cuBLAS-like choice of output tile and split-K from
+              the config's tiles, wave-quantized over the SMs at the tensor peak x tensor
+              efficiency); flash attention by query-row blocks at the tensor peak x attention
+              efficiency; other flops at the CUDA-core f32 peak x CUDA efficiency.
+              memory: bytes at HBM bandwidth x HBM efficiency, or at L2 bandwidth for
+              intermediates that fit in L2. Weights and states (KV cache) stream from HBM, read
+              once per kernel; a row kernel whose reduction feeds its own ops re-reads its input
+              once per such reduction.
+              fixed: gemm_fixed_us for GEMM and attention kernels, kernel_fixed_us for others,
+              plus HBM latency per extra pass. launch: none (kernel durations), CUDA graph (a gap
+              per kernel) or stream (a kernel costs at least one host launch).
+  5. groups:  with gpus > 1, tensor_parallel.py splits the graph Megatron-style; each GPU's
+              kernels shrink and an all-reduce follows every row-parallel matmul.
 
-Every factor comes from the GpuConfig (gpus/*.toml, each with its source); nothing here is fitted
-to a validation case.
+Every factor comes from the GpuConfig (gpus/*.toml, each with its source or the fit that set it,
+fit.py on the fit set only); nothing is fitted per validation case. cost_class() is the one place
+that classifies IR ops for this model.
 """
 from __future__ import annotations
 
@@ -31,7 +39,9 @@ from dataclasses import dataclass, field
 from lpu.compiler import ops
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.ops import LEAVES, REDUCE
+from lpu.gpu_baseline import tensor_parallel
 from lpu.gpu_baseline.gpus import GpuConfig
+from lpu.isa.errors import ConfigError
 
 # the op table's GPU cost classes (compiler/ops.py)
 ELEMENTWISE = ops.gpu_class("elementwise")
@@ -40,7 +50,26 @@ VIEWS = ops.gpu_class("view")
 # Transcendentals use the SFU at a quarter of the FMA rate, hence 4 (assumption; these kernels
 # are memory-bound anyway).
 FLOPS_PER_ELEMENT = {d.name: d.flops for d in ops.OPS.values()}
-BOUNDS = ("compute", "hbm", "latency", "launch")
+
+
+def cost_class(op: str) -> str:
+    """How the GPU model treats an IR op (leaf, view, gemm, elementwise, reduce, store, concat),
+    from the op table's GPU cost classes: the one place the model classifies ops."""
+    if op in LEAVES:
+        return "leaf"
+    if op in VIEWS:
+        return "view"
+    if op == "matmul":
+        return "gemm"
+    if op in REDUCE:
+        return "reduce"
+    if op in ELEMENTWISE:
+        return "elementwise"
+    return op                                 # "store", "concat"
+
+
+BOUNDS = ("compute", "hbm", "latency", "launch", "comm")
+GROUP_SIZES = (1, 2, 4, 8)
 
 
 @dataclass
@@ -65,6 +94,7 @@ class GpuCost:
     fuse: bool
     total_us: float
     ops: list = field(default_factory=list)
+    gpus: int = 1        # tensor-parallel group size; ops and times are per GPU of the group
 
     @property
     def flops(self) -> float:
@@ -100,22 +130,40 @@ def _read_inputs(n) -> tuple:
     return n.inputs[1:] if n.op == "store" else n.inputs
 
 
-def cost_graph(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: bool = True) -> GpuCost:
-    launch_us = gpu.launch_us(launch)
+def cost_graph(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: bool = True,
+               gpus: int = 1, host: bool = False, inputs_in_l2: bool = False) -> GpuCost:
+    """Kernels of `graph` on one GPU, or on each GPU of a tensor-parallel group of `gpus` (the
+    all-reduces are kernels too). host=True adds the config's host time per forward pass (for
+    end-to-end figures). launch: "stream", "graph", or "none" (kernel durations alone).
+    inputs_in_l2: graph inputs that fit in L2 are read from there (a preceding kernel wrote them;
+    per-operator profiles of a running model)."""
+    gpu.launch_us(launch)                               # validates the mode
+    if gpus not in GROUP_SIZES:
+        raise ConfigError(f"a GPU group has {', '.join(map(str, GROUP_SIZES))} GPUs, got {gpus}")
     nodes = {n.id: n for n in graph.nodes()}
     free = _free_nodes(nodes, fuse)
     kernels, kernel_of = _form_kernels(nodes, free, fuse)
     if fuse:
         kernels = _merge_attention(graph, nodes, free, kernels, kernel_of)
-    ops = [_cost_kernel(graph, nodes, free, k, kernel_of, gpu, launch_us) for k in kernels]
-    return GpuCost(gpu.name, launch, fuse, sum(o.time_us for o in ops), ops)
+    tp = tensor_parallel.plan(nodes, free, gpus) if gpus > 1 else None
+    ops = [_cost_kernel(graph, nodes, free, k, kernel_of, gpu, launch, tp, inputs_in_l2) for k in kernels]
+    if tp:
+        for nid, nbytes in tp.allreduce:
+            body = tensor_parallel.allreduce_us(gpu, gpus, nbytes)
+            t, _ = _with_launch(gpu, launch, body)
+            ops.append(OpCost(node=nid, op="all_reduce", line=nodes[nid].line, flops=0.0, bytes=nbytes,
+                              time_us=t, bound="comm", fused=(nid,)))
+    if host and gpu.step_host_us(launch):
+        ops.append(OpCost(node=-1, op="host", line=0, flops=0.0, bytes=0.0, time_us=gpu.step_host_us(launch),
+                          bound="launch"))
+    return GpuCost(gpu.name, launch, fuse, sum(o.time_us for o in ops), ops, gpus=gpus)
 
 
 # ---- passes 1-3: views, kernels, attention ---------------------------------------------------
 def _free_nodes(nodes: dict, fuse: bool) -> set:
     free = set()
     for n in nodes.values():
-        if n.op in LEAVES or n.op in VIEWS:
+        if cost_class(n.op) in ("leaf", "view"):
             free.add(n.id)
         elif n.op == "concat" and fuse and all(nodes[i].op not in LEAVES for i in n.inputs):
             free.add(n.id)
@@ -144,7 +192,7 @@ def _form_kernels(nodes: dict, free: set, fuse: bool):
         if n.id in free:
             continue
         target = None
-        if fuse and (n.op in ELEMENTWISE or n.op in REDUCE or n.op == "store"):
+        if fuse and cost_class(n.op) in ("elementwise", "reduce", "store"):
             bases = {b for i in _read_inputs(n) for b, _ in _sources(nodes, free, i)}
             cands = sorted({kernel_of[b] for b in bases if b in kernel_of}, key=lambda k: -k.head)
             for k in cands:
@@ -188,7 +236,8 @@ def _merge_attention(graph, nodes, free, kernels, kernel_of):
     for c in [k for k in kernels if k.has_matmul and not k.flash]:
         a_bases = [b for b, _ in _sources(nodes, free, nodes[c.head].inputs[0])]
         r = kernel_of.get(a_bases[0]) if len(a_bases) == 1 else None
-        if r is None or r.has_matmul or not any(nodes[m].op in REDUCE for m in r.members):
+        if r is None or r.has_matmul or not any(nodes[m].op in REDUCE for m in r.members) \
+                or not any(nodes[m].op == "exp" for m in r.members):     # a softmax, not a norm
             continue
         s_set = {kernel_of[b] for b in ext_bases(r) if b in kernel_of}
         if len(s_set) != 1:
@@ -223,40 +272,110 @@ def _tensor_peak(gpu: GpuConfig, da: str, db: str):
     return None                               # f32 / i32 operands: CUDA cores (PyTorch default)
 
 
-def _wave_efficiency(gpu: GpuConfig, batch: int, m: int, n: int) -> float:
-    tiles = batch * math.ceil(m / gpu.gemm_tile_m) * math.ceil(n / gpu.gemm_tile_n)
-    waves = math.ceil(tiles / gpu.sm_count)
-    return tiles / (waves * gpu.sm_count)
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+MIN_K_PER_SPLIT = 256         # assumption: split-K slices no thinner than 256 (cuBLAS k-tiles of 64 x 4 stages)
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    tile_m: int               # output tile rows (tokens) of one thread block
+    tile_n: int               # output tile columns
+    split_k: int              # K split across thread blocks (partials reduced by a second kernel)
+    ctas: int                 # thread blocks launched
+    waves: int
+    compute_us: float         # wave-quantized tensor time of the padded tiles
+    memory_us: float          # operands once from HBM, plus split-K partials
+    time_us: float            # max(compute, memory) + the reduce kernel's fixed cost
+
+
+def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, in_bytes: int = 2,
+              out_bytes: int = 2) -> GemmPlan:
+    """cuBLAS-like heuristic: of the config's tiles and split-K factors, the plan with the least
+    time. Each thread block computes a padded tile_m x tile_n x (K / split) block at the SM's
+    share of the tensor peak x tensor_efficiency; blocks run in waves of sm_count. Operands come
+    from HBM once (L2 serves the re-reads) at the share of the SMs that have a block; split-K adds
+    f32 partials and one reduce kernel."""
+    rate_sm = peak * gpu.tensor_efficiency / gpu.sm_count
+    bw = gpu.hbm_gbs * 1e9 * gpu.hbm_efficiency
+    base = batch * (m * k + n * k) * in_bytes + batch * m * n * out_bytes
+    best = None
+    for tm, tn in gpu.gemm_tiles:
+        if tm < 64 and m > 4 * tm:   # skinny tiles (8, 16 rows) serve only few rows (H200 kernel names)
+            continue
+        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        for s in SPLITS:
+            if s > 1 and (k / s < MIN_K_PER_SPLIT or tiles >= gpu.sm_count):
+                break
+            ctas = tiles * s
+            waves = math.ceil(ctas / gpu.sm_count)
+            compute = 1e6 * waves * 2.0 * tm * tn * math.ceil(k / s) / rate_sm
+            # fewer blocks than SMs leave SMs idle; an SM streams up to twice its share (assumption)
+            memory = 1e6 * (base + (2 * s * batch * m * n * 4 if s > 1 else 0)) / bw / min(1.0, 2 * ctas / gpu.sm_count)
+            t = max(compute, memory) + (gpu.kernel_fixed_us if s > 1 else 0.0)   # + the reduce kernel
+            if best is None or t < best.time_us:
+                best = GemmPlan(tm, tn, s, ctas, waves, compute, memory, t)
+    return best
 
 
 def _causal_fraction(n) -> float:
     rows, cols = n.shape[-2], n.shape[-1]
     off = int(n.attrs.get("offset", 0))
-    kept = sum(min(cols, max(0, r + off + 1)) for r in range(rows))
+    period = int(n.attrs.get("period", rows))        # GQA: g query heads' rows stacked (workloads.py)
+    kept = sum(min(cols, max(0, r % period + off + 1)) for r in range(rows))
     return kept / (rows * cols)
 
 
-def _cost_kernel(graph, nodes, free, k: _Kernel, kernel_of, gpu: GpuConfig, launch_us: float) -> OpCost:
+ATTN_TILE_Q = 128             # FlashAttention-2 forward: 128 query rows per thread block (Dao 2023)
+
+
+def _flash_compute_us(gpu: GpuConfig, batch: int, m: int, cols: int, flops: float, causal: bool) -> float:
+    """Fused attention: thread blocks of ATTN_TILE_Q query rows per head. With fewer blocks than
+    SMs the longest block (the last row tile under a causal mask sees every column) sets the time;
+    decode (one query row) splits the KV sequence across SMs (flash-decoding)."""
+    rate_sm = gpu.tensor_f16_tflops * 1e12 * gpu.attention_efficiency / gpu.sm_count
+    per_sm = flops / gpu.sm_count
+    blocks = batch * math.ceil(m / ATTN_TILE_Q)
+    if m > 1 and blocks < gpu.sm_count:
+        per_sm = max(per_sm, flops / (batch * m * (0.5 if causal else 1.0)) * min(m, ATTN_TILE_Q))
+    return 1e6 * per_sm / rate_sm
+
+
+def _cost_kernel(graph, nodes, free, k: _Kernel, kernel_of, gpu: GpuConfig, launch: str, tp=None,
+                 inputs_in_l2: bool = False) -> OpCost:
     members = set(k.members)
+    split = tp.split if tp else {}
     causal = [nodes[m] for m in k.members if nodes[m].op == "causal"]
     mm_frac = _causal_fraction(causal[0]) if k.flash and causal else 1.0
-    tc_s = cuda_flops = mm_flops = 0.0
+    tc_us = cuda_flops = mm_flops = extra_bytes = 0.0
+    flash_flops, flash_dims = 0.0, None
     for m in k.members:
         n = nodes[m]
         if n.op == "matmul":
             batch, mm, kk, nn, da, db = _matmul_dims(nodes, n)
+            if tp:
+                batch, mm, kk, nn = tp.matmul_dims(m, batch, mm, kk, nn)
             f = 2.0 * batch * mm * kk * nn * mm_frac
             mm_flops += f
             peak = _tensor_peak(gpu, da, db)
             if peak is None:
                 cuda_flops += f
+            elif k.flash:
+                flash_flops += f
+                flash_dims = flash_dims or (batch, mm, nn)
             else:
-                tc_s += f / (peak * gpu.tensor_efficiency * _wave_efficiency(gpu, batch, mm, nn))
+                plan = gemm_plan(gpu, batch, mm, kk, nn, peak)
+                tc_us += plan.compute_us + (gpu.kernel_fixed_us if plan.split_k > 1 else 0.0)
+                if plan.split_k > 1:
+                    extra_bytes += 2 * plan.split_k * batch * mm * nn * 4
         else:
             per = FLOPS_PER_ELEMENT[n.op]
-            size = nodes[n.inputs[0]].size if n.op in REDUCE else n.size
+            size = nodes[n.inputs[0]].size / split.get(n.inputs[0], 1) if n.op in REDUCE else n.size / split.get(m, 1)
             cuda_flops += per * size
-    compute_us = 1e6 * (tc_s + cuda_flops / (gpu.cuda_f32_tflops * 1e12 * gpu.cuda_efficiency))
+    if flash_dims:
+        tc_us += _flash_compute_us(gpu, *flash_dims, flash_flops, bool(causal))
+    # in a flash kernel the softmax runs between the tensor-core steps: attention_efficiency covers it
+    cuda_us = 0.0 if k.flash else 1e6 * cuda_flops / (gpu.cuda_f32_tflops * 1e12 * gpu.cuda_efficiency)
+    compute_us = tc_us + cuda_us
 
     reads: dict[int, float] = {}
     for m in k.members:
@@ -264,42 +383,63 @@ def _cost_kernel(graph, nodes, free, k: _Kernel, kernel_of, gpu: GpuConfig, laun
             for b, nb in _sources(nodes, free, i):
                 if b not in members:
                     reads[b] = min(reads.get(b, 0.0) + nb, float(nodes[b].nbytes))
-    hbm = l2 = 0.0
+    hbm, l2 = extra_bytes, 0.0
     for b, nb in reads.items():
-        if _in_l2(nodes[b], gpu):
+        nb /= split.get(b, 1)
+        if _in_l2(nodes[b], gpu, inputs_in_l2):
             l2 += nb
         else:
             hbm += nb
     for m in k.members:
         n = nodes[m]
         if n.op == "store":
-            nb = float(nodes[n.inputs[1]].nbytes)
-            hbm += nb                               # the state (KV cache) lives in HBM
+            hbm += float(nodes[n.inputs[1]].nbytes) / split.get(m, 1)      # the state (KV cache) lives in HBM
         elif _consumers(graph, nodes, free, m) - members:
-            nb = float(n.nbytes)
+            nb = float(n.nbytes) / split.get(m, 1)
             if _in_l2(n, gpu):
                 l2 += nb
             else:
                 hbm += nb
+    extra_passes = 0 if k.flash else sum(
+        1 for m in k.members if nodes[m].op in REDUCE and any(u in members for u in graph.users(m)))
+    if extra_passes:          # a row kernel whose reduction feeds its own ops re-reads its input
+        rh = sum(nb / split.get(b, 1) for b, nb in reads.items() if not _in_l2(nodes[b], gpu, inputs_in_l2))
+        rl = sum(nb / split.get(b, 1) for b, nb in reads.items()) - rh
+        hbm, l2 = hbm + extra_passes * rh, l2 + extra_passes * rl
     eff = gpu.hbm_efficiency
     memory_us = 1e6 * (hbm / (gpu.hbm_gbs * 1e9 * eff) + l2 / (gpu.l2_gbs * 1e9 * eff))
 
-    passes = 1 if k.flash else 1 + sum(
-        1 for m in k.members if nodes[m].op in REDUCE and any(u in members for u in graph.users(m)))
-    latency_us = passes * gpu.hbm_latency_us
+    fixed = gpu.gemm_fixed_us if k.has_matmul else gpu.kernel_fixed_us
+    latency_us = fixed + extra_passes * gpu.hbm_latency_us
+    body = max(compute_us, memory_us) + latency_us
+    time_us, launch_us = _with_launch(gpu, launch, body)
     parts = {"compute": compute_us, "hbm": memory_us, "latency": latency_us, "launch": launch_us}
-    bound = max(BOUNDS, key=lambda b: parts[b])
+    bound = max(BOUNDS[:4], key=lambda b: parts[b])
     head = nodes[k.head]
     return OpCost(node=k.head, op="attention" if k.flash else head.op, line=head.line,
-                  flops=mm_flops + cuda_flops, bytes=hbm + l2,
-                  time_us=max(compute_us, memory_us) + latency_us + launch_us, bound=bound,
+                  flops=mm_flops + cuda_flops, bytes=hbm + l2, time_us=time_us, bound=bound,
                   hbm_bytes=hbm, compute_us=compute_us, memory_us=memory_us,
                   fused=tuple(k.members))
 
 
-def _in_l2(n, gpu: GpuConfig) -> bool:
-    """Computed intermediates that fit in L2 stay there; leaves and states come from HBM."""
-    return n.op not in LEAVES and n.op != "store" and n.nbytes <= gpu.l2_bytes
+def _with_launch(gpu: GpuConfig, launch: str, body_us: float) -> tuple:
+    """(wall time, launch share) of a kernel of duration body_us. In a CUDA graph each kernel adds
+    the graph's per-kernel gap; on a stream the host issues kernels asynchronously, so a kernel
+    costs at least one launch (the host-bound pipeline) and hides the launch when longer."""
+    if launch == "none":
+        return body_us, 0.0
+    if launch == "graph":
+        return body_us + gpu.launch_graph_us, gpu.launch_graph_us
+    t = max(body_us + gpu.launch_graph_us, gpu.launch_stream_us)
+    return t, t - body_us
+
+
+def _in_l2(n, gpu: GpuConfig, inputs_in_l2: bool = False) -> bool:
+    """Computed intermediates that fit in L2 stay there; weights and states come from HBM, and
+    so do inputs unless a preceding kernel just wrote them (inputs_in_l2)."""
+    if n.op in LEAVES:            # a quarter of L2: the rest holds other data (and is split in two halves)
+        return inputs_in_l2 and n.op == "input" and n.nbytes <= gpu.l2_bytes / 4
+    return n.op != "store" and n.nbytes <= gpu.l2_bytes
 
 
 # ---- summaries -------------------------------------------------------------------------------
@@ -311,11 +451,12 @@ def is_decode(graph: IRGraph) -> bool:
     return bool(mms) and all(graph.node(n.inputs[0]).shape[-2] == 1 for n in mms)
 
 
-def summarize(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: bool = True) -> dict:
+def summarize(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: bool = True,
+              gpus: int = 1, host: bool = False) -> dict:
     """Phase, total time and the user-facing rate: tokens/s for decode, time to first token
     (ms) for prefill."""
-    cost = cost_graph(graph, gpu, launch, fuse)
-    out = {"gpu": gpu.name, "time_us": cost.total_us, "kernels": len(cost.ops),
+    cost = cost_graph(graph, gpu, launch, fuse, gpus, host)
+    out = {"gpu": gpu.name, "gpus": gpus, "time_us": cost.total_us, "kernels": len(cost.ops),
            "phase": "decode" if is_decode(graph) else "prefill"}
     if out["phase"] == "decode":
         out["tokens_per_s"] = 1e6 / cost.total_us

@@ -1,11 +1,16 @@
-"""The GPU model against published measurements (data/validation.toml): one row per case with
-the measured and modelled value and the relative error, and the median absolute error.
+"""The GPU model against measurements: published figures (data/validation.toml) and the rows
+calibrate.py measured on a real GPU (data/calibration-*.toml). Per case the measured and the
+modelled value and the relative error; per GPU and per kind (prefill op, decode op, end to
+end, tensor-parallel decode) the median |error| of the fit and the held-out set apart, and the
+worst case.
 
-    python -m gpu_baseline.validate [FILE.toml ...]
+    python -m lpu.gpu_baseline.validate [--cases] [FILE.toml ...]
 
-Each case is costed with its GPU's config as it stands; nothing is fitted per case."""
+Each case is costed with its GPU's config as it stands; nothing is fitted per case (fit.py
+fits a few constants per GPU on the fit set only)."""
 from __future__ import annotations
 
+import glob
 import os
 import statistics
 import sys
@@ -16,9 +21,16 @@ from lpu.gpu_baseline.gpus import load_gpu
 from lpu.gpu_baseline.model import cost_graph
 from lpu.isa.errors import ConfigError
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "validation.toml")
+DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
+DATA = os.path.join(DATA_DIR, "validation.toml")
 CASE_FIELDS = ("id", "workload", "metric", "measured", "unit", "source", "model", "gpu", "dtype",
                "batch", "prompt_len", "output_len", "launch")
+KINDS = ("prefill op", "decode op", "end to end", "TP decode")
+SKIPPED = ("empty", "empty_kernel")          # launch-overhead rows: inputs of the configs, not validation cases
+
+
+def default_paths() -> list[str]:
+    return [DATA] + sorted(glob.glob(os.path.join(DATA_DIR, "calibration-*.toml")))
 
 
 def load_cases(path: str = DATA) -> list[dict]:
@@ -28,38 +40,62 @@ def load_cases(path: str = DATA) -> list[dict]:
         missing = [k for k in CASE_FIELDS if k not in c]
         if missing:
             raise ConfigError(f"{path}: case {c.get('id', '?')!r} lacks {', '.join(missing)}")
+        c.setdefault("gpus", 1)
+        c.setdefault("set", "held-out")
+        c.setdefault("timing", "kernel" if c["metric"] == "kernel_us" else "e2e")
     return cases
+
+
+def _ints(arg: str, n: int, case: dict) -> list[int]:
+    vals = arg.split(",")
+    if len(vals) != n or not all(v.strip().isdigit() for v in vals):
+        raise ConfigError(f"case {case['id']!r}: workload {case['workload']!r} needs {n} integers")
+    return [int(v) for v in vals]
 
 
 def workload_graph(case: dict):
     """The IR graph a case measures."""
     kind, _, arg = case["workload"].partition(":")
-    dt = "f16"                       # bf16 and f16 cost the same (same width, same peaks)
     if case["batch"] != 1:
         raise ConfigError(f"case {case['id']!r}: only batch 1 is modelled")
-    if kind == "decode":
-        return workloads.decode_step(case["prompt_len"] + case["output_len"])
-    if kind == "prefill":
-        return workloads.prefill(case["prompt_len"])
-    if kind == "linear":
-        return workloads.decode_linear(arg)
+    if kind in ("decode", "prefill"):
+        m = workloads.MODELS.get(arg or "llama2-7b")
+        if m is None:
+            raise ConfigError(f"case {case['id']!r}: unknown model {arg!r} (known: {', '.join(workloads.MODELS)})")
+        if kind == "decode":
+            return workloads.decode_step(case["prompt_len"] + case["output_len"], m=m)
+        return workloads.prefill(case["prompt_len"], m=m)
     if kind == "gemm":
-        m, k, n = (int(v) for v in arg.split(","))
-        return workloads.linear(k, n, m_rows=m, dtype=dt)
+        mm, k, n = _ints(arg, 3, case)
+        return workloads.linear(k, n, m_rows=mm)
+    if kind in ("rmsnorm", "layernorm"):
+        return workloads.rmsnorm(*_ints(arg, 2, case))
+    if kind == "silu_mul":
+        return workloads.silu_mul(*_ints(arg, 2, case))
     if kind == "add":
-        return workloads.elementwise(int(arg), dt)
+        return workloads.elementwise(*_ints(arg, 1, case))
     if kind == "softmax":
-        r, c = (int(v) for v in arg.split(","))
-        return workloads.softmax(r, c, dt)
+        return workloads.softmax(*_ints(arg, 2, case))
+    if kind in ("attn_prefill", "attn_decode"):
+        s, h, kvh, hd = _ints(arg, 4, case)
+        return workloads.attention(s if kind == "attn_prefill" else 1, s, h, kvh, hd)
     raise ConfigError(f"case {case['id']!r}: unknown workload {case['workload']!r}")
 
 
-def modelled(case: dict) -> float:
-    gpu = load_gpu(case["gpu"])
-    if case["workload"] == "empty":
-        us = gpu.launch_us(case["launch"])
-    else:
-        us = cost_graph(workload_graph(case), gpu, launch=case["launch"]).total_us
+def kind_of(case: dict) -> str:
+    if case["timing"] == "e2e":
+        return "TP decode" if case["gpus"] > 1 and case["metric"] == "tokens_per_s" else "end to end"
+    w, _, arg = case["workload"].partition(":")
+    if w == "attn_decode" or (arg.split(",")[0] == "1" and w in ("gemm", "rmsnorm", "layernorm", "silu_mul")):
+        return "decode op"
+    return "prefill op"
+
+
+def modelled(case: dict, gpu=None) -> float:
+    gpu = gpu or load_gpu(case["gpu"])
+    e2e = case["timing"] == "e2e"
+    us = cost_graph(workload_graph(case), gpu, launch=case["launch"] if e2e else "none",
+                    fuse=case.get("fuse", True), gpus=case["gpus"], host=e2e, inputs_in_l2=case.get("inputs_in_l2", False)).total_us
     metric = case["metric"]
     if metric == "tokens_per_s":
         return 1e6 / us
@@ -70,28 +106,69 @@ def modelled(case: dict) -> float:
     raise ConfigError(f"case {case['id']!r}: unknown metric {metric!r}")
 
 
-def validation_table(paths=(DATA,)) -> list[dict]:
+def validation_table(paths=None, gpus: dict | None = None) -> list[dict]:
+    """One row per case; `gpus` maps config names to GpuConfig overrides (fit.py)."""
     rows = []
-    for path in paths:
+    for path in paths or default_paths():
         for c in load_cases(path):
-            m = modelled(c)
+            if c["workload"].split(":")[0] in SKIPPED:
+                continue
+            m = modelled(c, (gpus or {}).get(c["gpu"]))
             rows.append({"case": c["id"], "gpu": c["gpu"], "unit": c["unit"], "measured": c["measured"],
-                         "modelled": m, "error": (m - c["measured"]) / c["measured"]})
+                         "modelled": m, "error": (m - c["measured"]) / c["measured"], "set": c["set"],
+                         "kind": kind_of(c)})
     return rows
 
 
 def median_abs_error(rows: list[dict]) -> float:
-    return statistics.median(abs(r["error"]) for r in rows)
+    return statistics.median(abs(r["error"]) for r in rows) if rows else float("nan")
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per GPU, set and kind (and 'all' kinds): count, median |error| and the worst case."""
+    out = []
+    for gpu in sorted({r["gpu"] for r in rows}):
+        for st in ("fit", "held-out"):
+            for kind in ("all",) + KINDS:
+                sel = [r for r in rows if r["gpu"] == gpu and r["set"] == st and kind in ("all", r["kind"])]
+                if sel:
+                    worst = max(sel, key=lambda r: abs(r["error"]))
+                    out.append({"gpu": gpu, "set": st, "kind": kind, "n": len(sel),
+                                "median": median_abs_error(sel), "worst": worst["error"], "worst_case": worst["case"]})
+    return out
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = [f"{'case':<24} {'gpu':<10} {'measured':>10} {'modelled':>10} {'unit':<9} {'error':>7}"]
+    lines = [f"{'case':<44} {'gpu':<10} {'set':<8} {'measured':>10} {'modelled':>10} {'unit':<9} {'error':>7}"]
     for r in rows:
-        lines.append(f"{r['case']:<24} {r['gpu']:<10} {r['measured']:>10.1f} {r['modelled']:>10.1f} "
+        lines.append(f"{r['case'][:44]:<44} {r['gpu']:<10} {r['set']:<8} {r['measured']:>10.1f} {r['modelled']:>10.1f} "
                      f"{r['unit']:<9} {100 * r['error']:>+6.1f}%")
-    lines.append(f"median |error| {100 * median_abs_error(rows):.1f}%")
     return "\n".join(lines)
 
 
+def format_summary(rows: list[dict]) -> str:
+    lines = [f"{'gpu':<10} {'set':<8} {'kind':<11} {'n':>4} {'median |err|':>12} {'worst':>8}  worst case"]
+    for s in summary(rows):
+        lines.append(f"{s['gpu']:<10} {s['set']:<8} {s['kind']:<11} {s['n']:>4} {100 * s['median']:>11.1f}% "
+                     f"{100 * s['worst']:>+7.1f}%  {s['worst_case']}")
+    lines.append(f"all cases: {len(rows)}, median |error| {100 * median_abs_error(rows):.1f}%")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    show_cases = "--cases" in argv
+    paths = [a for a in argv if a != "--cases"] or None
+    try:
+        rows = validation_table(paths)
+    except (ConfigError, OSError, tomllib.TOMLDecodeError) as e:
+        print(f"validate: {e}", file=sys.stderr)
+        return 2
+    if show_cases:
+        print(format_table(rows) + "\n")
+    print(format_summary(rows))
+    return 0
+
+
 if __name__ == "__main__":
-    print(format_table(validation_table(sys.argv[1:] or (DATA,))))
+    sys.exit(main())

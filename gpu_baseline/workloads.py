@@ -25,13 +25,26 @@ class LlamaShape:
     layers: int = 32
     vocab: int = 32000
     dtype: str = "f16"
+    kv_heads: int = 0            # grouped-query attention: K/V heads (0: as many as heads)
 
     @property
     def head_dim(self) -> int:
         return self.d // self.heads
 
+    @property
+    def kvh(self) -> int:
+        return self.kv_heads or self.heads
+
 
 LLAMA2_7B = LlamaShape()
+# Shapes from each model's config.json on the Hugging Face hub (hidden_size, num_attention_heads,
+# num_key_value_heads, intermediate_size, num_hidden_layers, vocab_size).
+MODELS = {
+    "llama2-7b": LLAMA2_7B,
+    "llama3.1-8b": LlamaShape(d=4096, heads=32, kv_heads=8, ffn=14336, layers=32, vocab=128256),
+    "llama2-70b": LlamaShape(d=8192, heads=64, kv_heads=8, ffn=28672, layers=80, vocab=32000),
+    "llama3.1-70b": LlamaShape(d=8192, heads=64, kv_heads=8, ffn=28672, layers=80, vocab=128256),
+}
 
 # the four per-layer decode linears: name -> (K, N) of [1,K] @ [K,N]
 LLAMA2_7B_LINEARS = {
@@ -113,37 +126,46 @@ class _Builder:
         return self.cast(self.binary("mul", self.binary("mul", x, r), g), "f16")
 
 
+def _attention(b: _Builder, q, k, v, pos: int, s: int, g: int):
+    """softmax(q k^T / sqrt(hd), causal) v for q [kvh, g*s, hd] and k, v [kvh, ctx, hd]."""
+    dt, hd = b.dtype(q), b.shape(q)[-1]
+    sc = b.matmul(q, b.transpose(k, (0, 2, 1)))                                # [kvh, g*s, ctx]
+    sc = b.binary("mul", sc, b.const(1.0 / np.sqrt(hd)))
+    sc = b.add("causal", (sc,), b.shape(sc), "f32", offset=pos, **({"period": s} if g > 1 else {}))
+    e = b.unary("exp", b.binary("sub", sc, b.reduce("max", sc, 2)))
+    p = b.cast(b.binary("div", e, b.reduce("sum", e, 2)), dt)
+    return b.cast(b.matmul(p, v), dt)
+
+
 def _layer(b: _Builder, x, l: int, s: int, pos: int, ctx: int, m: LlamaShape):
     """One transformer layer on x [s, d] with the KV cache holding positions [0, pos + s)."""
-    d, h, hd, f, dt = m.d, m.heads, m.head_dim, m.ffn, m.dtype
+    d, h, hd, f, dt, kvh = m.d, m.heads, m.head_dim, m.ffn, m.dtype, m.kvh
+    g = h // kvh                                  # query heads per K/V head
     w = lambda name, shape: b.leaf("weight", f"l{l}.{name}", shape, dt)  # noqa: E731
     b.line = 10 * l + 1
     hn = b.rmsnorm(x, w("attn_norm", (d,)))
     b.line += 1
-    qkv = b.cast(b.matmul(hn, w("wqkv", (d, 3 * d))), dt)
+    qkv = b.cast(b.matmul(hn, w("wqkv", (d, d + 2 * kvh * hd))), dt)
     b.line += 1
     heads = []
-    for j in range(3):
-        part = b.slice(qkv, ((0, s), (j * d, (j + 1) * d)))
-        heads.append(b.transpose(b.reshape(part, (s, h, hd)), (1, 0, 2)))     # [h, s, hd]
+    for lo, nh in ((0, h), (d, kvh), (d + kvh * hd, kvh)):
+        part = b.slice(qkv, ((0, s), (lo, lo + nh * hd)))
+        heads.append(b.transpose(b.reshape(part, (s, nh, hd)), (1, 0, 2)))    # [nh, s, hd]
     q = b.add("rope", (heads[0],), (h, s, hd), dt, pos=pos, theta=10000.0)
-    k = b.add("rope", (heads[1],), (h, s, hd), dt, pos=pos, theta=10000.0)
+    k = b.add("rope", (heads[1],), (kvh, s, hd), dt, pos=pos, theta=10000.0)
+    if g > 1:      # a K/V head serves its g query heads: their rows batch together (GQA kernels)
+        q = b.reshape(q, (kvh, g * s, hd))
     b.line += 1
     caches = []
     for name, val in (("k", k), ("v", heads[2])):
-        c = b.leaf("state", f"l{l}.{name}cache", (h, ctx, hd), dt)
-        new = b.add("store", (c, val), (h, ctx, hd), dt, name=f"l{l}.{name}cache",
-                    index=((0, h), (pos, pos + s), (0, hd)))
+        c = b.leaf("state", f"l{l}.{name}cache", (kvh, ctx, hd), dt)
+        new = b.add("store", (c, val), (kvh, ctx, hd), dt, name=f"l{l}.{name}cache",
+                    index=((0, kvh), (pos, pos + s), (0, hd)))
         b.g.final_states[f"l{l}.{name}cache"] = new
-        caches.append(b.slice(new, ((0, h), (0, pos + s), (0, hd))))
+        caches.append(b.slice(new, ((0, kvh), (0, pos + s), (0, hd))))
     b.line += 1
-    sc = b.matmul(q, b.transpose(caches[0], (0, 2, 1)))                       # [h, s, pos+s]
-    sc = b.binary("mul", sc, b.const(1.0 / np.sqrt(hd)))
-    sc = b.add("causal", (sc,), b.shape(sc), "f32", offset=pos)
-    e = b.unary("exp", b.binary("sub", sc, b.reduce("max", sc, 2)))
-    p = b.cast(b.binary("div", e, b.reduce("sum", e, 2)), dt)
-    o = b.cast(b.matmul(p, caches[1]), dt)                                    # [h, s, hd]
-    o = b.reshape(b.transpose(o, (1, 0, 2)), (s, d))
+    o = _attention(b, q, caches[0], caches[1], pos, s, g)                    # [kvh, g*s, hd]
+    o = b.reshape(b.transpose(b.reshape(o, (h, s, hd)), (1, 0, 2)), (s, d))
     b.line += 1
     x = b.binary("add", x, b.cast(b.matmul(o, w("wo", (d, d))), dt))
     b.line += 1
@@ -214,4 +236,35 @@ def softmax(rows: int, cols: int, dtype: str = "f16") -> IRGraph:
     x = b.cast(b.leaf("input", "x", (rows, cols), dtype), "f32")
     e = b.unary("exp", b.binary("sub", x, b.reduce("max", x, 1)))
     b.output("y", b.cast(b.binary("div", e, b.reduce("sum", e, 1)), dtype))
+    return b.g
+
+
+def rmsnorm(rows: int, d: int, dtype: str = "f16") -> IRGraph:
+    """RMSNorm of [rows, d] with a weight (one row kernel; a LayerNorm costs the same)."""
+    b = _Builder(f"rmsnorm-{rows}x{d}")
+    b.line = 1
+    b.output("y", b.rmsnorm(b.leaf("input", "x", (rows, d), dtype), b.leaf("weight", "g", (d,), dtype)))
+    return b.g
+
+
+def silu_mul(rows: int, f: int, dtype: str = "f16") -> IRGraph:
+    """The SwiGLU activation: silu(x[:, :f]) * x[:, f:] of x [rows, 2f] (one kernel)."""
+    b = _Builder(f"silu-mul-{rows}x{f}")
+    b.line = 1
+    x = b.leaf("input", "x", (rows, 2 * f), dtype)
+    b.output("y", b.binary("mul", b.unary("silu", b.slice(x, ((0, rows), (0, f)))),
+                           b.slice(x, ((0, rows), (f, 2 * f)))))
+    return b.g
+
+
+def attention(s: int, ctx: int, heads: int, kv_heads: int, head_dim: int, dtype: str = "f16") -> IRGraph:
+    """Fused causal attention of s query rows (positions ctx-s .. ctx-1) over ctx keys: prefill
+    when s == ctx, one decode step over a KV cache when s == 1."""
+    b = _Builder(f"attention-{s}x{ctx}")
+    b.line = 1
+    g = heads // kv_heads
+    q = b.leaf("input", "q", (kv_heads, g * s, head_dim), dtype)
+    k = b.leaf("input", "k", (kv_heads, ctx, head_dim), dtype)
+    v = b.leaf("input", "v", (kv_heads, ctx, head_dim), dtype)
+    b.output("o", _attention(b, q, k, v, ctx - s, s, g))
     return b.g

@@ -81,8 +81,10 @@ def _line_ratio(lpu_us, lpu_total, gpu_us, gpu_total):
 
 
 def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = False,
-                  capacity: CapacityError | None = None, machine_name: str | None = None, progress=None) -> dict:
-    """The comparison as a JSON-ready dict. `program` None (with `capacity`): GPU side only."""
+                  capacity: CapacityError | None = None, machine_name: str | None = None, progress=None,
+                  gpus: int = 1) -> dict:
+    """The comparison as a JSON-ready dict. `program` None (with `capacity`): GPU side only.
+    gpus > 1 adds out["gpu"]["group"]: the graph split over a tensor-parallel group of that many."""
     from lpu.gpu_baseline.model import BOUNDS, cost_graph, is_decode
     cost = cost_graph(graph, gpu, launch)
     gpu_line = cost.by_line()
@@ -131,11 +133,17 @@ def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = F
         t = out[side]["time_us"]
         if t:
             out[side]["tokens_per_s" if decode else "ttft_us"] = 1e6 / t if decode else t
+    if gpus > 1:
+        group = cost_graph(graph, gpu, launch, gpus=gpus)
+        t = group.total_us
+        out["gpu"]["group"] = {"gpus": gpus, "time_us": t, "kernels": len(group.ops),
+                               "allreduce_us": sum(o.time_us for o in group.ops if o.op == "all_reduce"),
+                               "tokens_per_s" if decode else "ttft_us": 1e6 / t if decode else t}
     return out
 
 
 def compare(path: str, params: dict | None = None, machine=None, gpu="h100-sxm", launch: str = "stream",
-            emulate: bool = False, progress=None) -> dict:
+            emulate: bool = False, progress=None, gpus: int = 1) -> dict:
     """Compile `path` (elaborate only, if it does not fit one chip) and compare; `progress(text)`
     hears about each stage."""
     from lpu.gpu_baseline.gpus import GpuConfig, load_gpu
@@ -152,8 +160,8 @@ def compare(path: str, params: dict | None = None, machine=None, gpu="h100-sxm",
     except CapacityError as e:
         from lpu.compiler.frontend import elaborate_file
         return compare_graph(None, elaborate_file(path, params or {}), gpu, launch, capacity=e,
-                             machine_name=api.machine_of(machine).name)
-    return compare_graph(program, graph, gpu, launch, emulate, progress=progress)
+                             machine_name=api.machine_of(machine).name, gpus=gpus)
+    return compare_graph(program, graph, gpu, launch, emulate, progress=progress, gpus=gpus)
 
 
 # ---- the sweep ----------------------------------------------------------------------------------
@@ -235,6 +243,11 @@ def format_compare(d: dict) -> str:
                    + f"; {lpu['bound']}")
     key, unit, fmt = ("tokens_per_s", "tokens/s", "{:,.0f}") if d["phase"] == "decode" else ("ttft_us", "us to first token", "{:,.2f}")
     rate = [f"{side.upper()} {fmt.format(d[side][key])}" for side in ("lpu", "gpu") if key in d[side]]
+    grp = gpu.get("group")
+    if grp:
+        rate.append(f"{grp['gpus']} x {gpu['name']} (tensor parallel) {fmt.format(grp[key])}")
+        out.append(f"GPU group: {grp['gpus']} x {gpu['name']}, {_us(grp['time_us'])} us per pass, of which "
+                   f"{_us(grp['allreduce_us'])} us all-reduces over NVLink")
     out.append(f"{unit}: " + ", ".join(rate))
     return "\n".join(out)
 
@@ -308,6 +321,8 @@ def add_parser(sub, common):
     p.add_argument("--gpu", default="h100-sxm", help="a100-80gb, h100-sxm, h200 or a .toml file (default h100-sxm)")
     p.add_argument("--launch", choices=["stream", "graph"], default="stream",
                    help="GPU kernel launches: plain stream or CUDA graph (default stream)")
+    p.add_argument("--gpus", type=int, choices=[1, 2, 4, 8], default=1,
+                   help="also cost a tensor-parallel group of this many GPUs (NVLink all-reduces)")
     p.add_argument("--emulate", action="store_true", help="LPU times from emulation instead of the schedule")
     p.add_argument("--plot", help="draw the comparison (or the sweep) to this PNG (needs matplotlib)")
     p.add_argument("--sweep", metavar="NAME=V1,V2,...",
@@ -332,7 +347,7 @@ def cmd_compare(a):
         else:
             print(format_sweep(rows, gpu.name))
         return 0
-    d = compare(a.program, params, a.machine, gpu, a.launch, a.emulate, progress=progress_lines(a))
+    d = compare(a.program, params, a.machine, gpu, a.launch, a.emulate, progress=progress_lines(a), gpus=a.gpus)
     if a.plot:
         plot_ops(d, a.plot)
     print(json.dumps(d) if a.json else format_compare(d))
