@@ -35,7 +35,10 @@ def _same_q(p, i, j):
 
 
 def can_move(p, i, delta) -> bool:
-    """Instruction i can move by delta (+-1) without moving any other instruction."""
+    """Instruction i can move by delta (+-1) without moving any other instruction (one that a
+    REPEAT follows cannot: the NOP it leaves would split it from its repetitions)."""
+    if _same_q(p, i, i + 1) and p.op[i + 1] == O.REPEAT:
+        return False
     if delta < 0:
         return _same_q(p, i, i - 1) and p.op[i - 1] == O.NOP and p.args[i - 1, 0] >= 1
     return not _same_q(p, i, i + 1) or (p.op[i + 1] == O.NOP and p.args[i + 1, 0] >= 1)
