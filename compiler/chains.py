@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.alloc import slot_place
-from lpu.compiler.chainspec import INS_COLS, Flat, Ins, Registry
+from lpu.compiler.chainspec import GROUP_COLS, INS_COLS, Flat, Ins, Registry
 from lpu.isa import opcodes as O
 from lpu.isa.opcodes import NARGS
 from lpu.isa.machine import EAST, MXM_ACC, MXM_CTL, MXM_LW, WEST
@@ -110,6 +110,12 @@ class ChainBuilder:
     @property
     def ins(self):
         return _InsSink(self)
+
+    @property
+    def groups(self) -> list:
+        """The chain's stream groups so far: [(dir, koff, width)]."""
+        g = self.f.groups
+        return [tuple(g[i:i + GROUP_COLS]) for i in range(0, len(g), GROUP_COLS)]
 
     def mem_conflict(self) -> bool:
         """Two SRAM accesses of this chain on one bank in the same cycle: it can never be placed."""

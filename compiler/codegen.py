@@ -18,25 +18,26 @@ from lpu.isa.program import Program
 
 
 def codegen(machine, placed, symbols, tables, nodes, predicted, source_name="", source_lines=(), repeat=True):
-    """placed: schedule.Placed (emptied here: its arrays are replaced by sorted copies).
+    """placed: schedule.Placed (emptied here: each of its arrays is freed once copied out).
     repeat: emit regular runs as one instruction plus REPEAT (repeat_core.find_runs)."""
     cyc, q, ops, args, lines, node = placed.take()
     n = len(cyc)
-    order = np.lexsort((cyc, q))
+    order = np.lexsort((cyc, q))             # the columns are read through `order`, not copied
     cyc, q = cyc[order], q[order]
-    args, ops, lines, node = args[order], ops[order], lines[order], node[order]
     first = np.ones(n, bool)
     first[1:] = q[1:] != q[:-1]
     if np.any(~first[1:] & (cyc[1:] <= cyc[:-1])):
         i = int(np.nonzero(~first[1:] & (cyc[1:] <= cyc[:-1]))[0][0]) + 1
         raise AssertionError(f"queue {machine.queues[int(q[i])][0]} issues twice in cycle {int(cyc[i])}")
     if repeat and n:
-        count, dist = find_runs(q, cyc, ops.astype(np.int64), args, lines, node, REPEAT_FIELD)
+        count, dist = find_runs(order, q, cyc, ops, args, lines, node, REPEAT_FIELD)
     else:
         count, dist = np.zeros(n, np.int64), np.zeros(n, np.int64)
     keep = count >= 0
-    cyc, q, ops, args, lines, node = cyc[keep], q[keep], ops[keep], args[keep], lines[keep], node[keep]
-    count, dist, first = count[keep], dist[keep], first[keep]
+    sel = order[keep]                          # kept instructions, in (queue, cycle) order
+    del order
+    cyc, q, count, dist, first = cyc[keep], q[keep], count[keep], dist[keep], first[keep]
+    del keep
     n = len(cyc)
     prev_end = np.zeros(n, np.int64)          # the queue's next free cycle before instruction i
     prev_end[1:] = (cyc + count * dist)[:-1] + 1
@@ -55,8 +56,13 @@ def codegen(machine, placed, symbols, tables, nodes, predicted, source_name="", 
     out_op[0] = O.NOTIFY                       # queue 0 (ICU): NOTIFY
     if n:
         at = end - n_rep                       # row of each instruction (row 0 is the NOTIFY)
-        out_q[at], out_op[at], out_args[at] = q, ops, args
-        out_line[at], out_node[at] = lines, node
+        out_q[at] = q
+        out_op[at] = ops[sel]
+        del ops
+        out_args[at] = args[sel]
+        del args
+        out_line[at] = lines[sel]
+        out_node[at] = node[sel]
         nop_at = at[gap > 0] - 1
         out_q[nop_at], out_op[nop_at] = q[gap > 0], O.NOP
         out_args[nop_at, 0] = gap[gap > 0]
@@ -66,7 +72,7 @@ def codegen(machine, placed, symbols, tables, nodes, predicted, source_name="", 
         rep_at = at[r] + 1
         out_q[rep_at], out_op[rep_at] = q[r], O.REPEAT
         out_args[rep_at, 0], out_args[rep_at, 1] = count[r], dist[r]
-        out_line[rep_at], out_node[rep_at] = lines[r], node[r]
+        out_line[rep_at], out_node[rep_at] = out_line[at[r]], out_node[at[r]]
     return Program(machine=machine, queue=out_q, op=out_op, args=out_args, line=out_line, node=out_node,
                    symbols=symbols, tables=tables, nodes=list(nodes), predicted_cycles=predicted,
                    source_name=source_name, source_lines=list(source_lines))

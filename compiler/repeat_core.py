@@ -12,24 +12,30 @@ from numba import njit
 
 
 @njit(cache=True)
-def find_runs(q, cyc, op, args, line, node, field):
-    """Inputs sorted by (queue, cycle). Returns (count, dist): count[i] = copies that follow
-    instruction i in its REPEAT (0: none), -1 where instruction i is such a copy."""
+def find_runs(order, q, cyc, op, args, line, node, field):
+    """q and cyc sorted by (queue, cycle); op, args, line, node in placement order, read
+    through order (row i of the sorted stream is instruction order[i]). Returns (count, dist)
+    in sorted order: count[i] = copies that follow row i in its REPEAT (0: none), -1 where row i
+    is such a copy."""
     n = len(q)
     count = np.zeros(n, np.int64)
     dist = np.zeros(n, np.int64)
     i = 0
     while i < n:
-        f = field[op[i]]
+        a = order[i]
+        f = field[op[a]]
         c, d = 0, 0
         j = i + 1
-        while f >= 0 and j < n and q[j] == q[i] and op[j] == op[i] and line[j] == line[i] and node[j] == node[i]:
+        while f >= 0 and j < n and q[j] == q[i]:
+            b = order[j]
+            if op[b] != op[a] or line[b] != line[a] or node[b] != node[a]:
+                break
             dd = cyc[j] - cyc[j - 1]
             if c > 0 and dd != d:
                 break
-            same = args[j, f] == args[i, f] + c + 1
+            same = args[b, f] == args[a, f] + c + 1
             for k in range(args.shape[1]):
-                if k != f and args[j, k] != args[i, k]:
+                if k != f and args[b, k] != args[a, k]:
                     same = False
             if not same:
                 break

@@ -112,3 +112,17 @@ def test_lw_rows_builds_the_chains_of_read_and_lw_row_by_row(tsp, w, cvt):
     got = lw_rows(ctx, 5, 9, 2, srcs, w, pos, 3, cvt, after, mark)
     for f in FIELDS:
         assert getattr(got, f) == getattr(want, f), f
+
+
+def test_builder_exposes_its_groups_and_takes_hand_built_instructions(tsp):
+    from lpu.compiler.alloc import SlotAllocator
+    from lpu.compiler.chains import ChainBuilder, Ctx
+    ctx = Ctx(tsp, SlotAllocator(tsp), Registry())
+    cb = ChainBuilder(ctx, 3, 4)
+    gi = cb.read(8, 2, tsp.vxm_pos, 0)
+    g2 = cb.link(tsp.vxm_pos, tsp.sxm_pos(0), 5, 4)
+    assert (gi, g2) == (0, 1) and len(cb.groups) == 2 and cb.groups[1][2] == 4
+    cb.ins.append(Ins((ctx.sxm_q[0][0],), 7, O.SHIFT, [0, 0, -1], ((0, g2, 0, 3),), after=((("m",), 1),)))
+    a = encode([cb.chain()], ctx.reg)
+    assert a.n_ins == 3 and a.op.tolist() == [O.READ, O.READ, O.SHIFT] and a.off[2] == 7
+    assert a.a_data.tolist() == [[ctx.reg.markers[("m",)], 1]] and a.p_data[2].tolist() == [0, 1, 0, 3]
