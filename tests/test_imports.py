@@ -23,6 +23,7 @@ ALLOWED = {
     ("emulator/report.py", "matplotlib"): "optional `plot` extra, and slow to import",
     ("emulator/report.py", "matplotlib.pyplot"): "optional `plot` extra, and slow to import",
     ("gpu_baseline/calibrate.py", "torch"): "only on a GPU machine, and slow to import",
+    ("gpu_baseline/calibrate.py", "torch.profiler"): "only on a GPU machine, and slow to import",
 }
 
 
