@@ -270,11 +270,12 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         if cvt != 0:
             for l in range(lanes):
                 bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
-                lbuf[plane, row, l, 0] = bits & 0xFF
-                lbuf[plane, row, l, 1] = bits >> 8
+                lbuf[plane, 0, row, l] = bits & 0xFF
+                lbuf[plane, 1, row, l] = bits >> 8
             return True
         for b in range(w):
-            lbuf[plane, row, :, b] = sa[b, :]
+            for l in range(lanes):
+                lbuf[plane, b, row, l] = sa[b, l]
         return True
     if op == C_IW:
         if not flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_bits, bulk_min, hz):
@@ -419,7 +420,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
              np.zeros((2, spd, ring_size), np.int64), np.zeros((2, spd, ring_size, lanes), np.uint8),
              np.zeros((2, spd, ring_size), np.uint8)),
             np.full((slices, banks), -1, np.int64),               # bank_last
-            np.zeros((nplanes, lanes, lanes, 2), np.uint8),       # lbuf
+            np.zeros((nplanes, 2, lanes, lanes), np.uint8),       # lbuf: [plane, byte plane, row, lane]
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
             np.zeros((nplanes, lanes, lanes), np.float64),        # wts
             np.zeros((nplanes, 4), np.int64),                     # wstat: mxm statistics of the weights
