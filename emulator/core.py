@@ -20,6 +20,7 @@ function returns the number of instructions executed before it.
 import numpy as np
 from numba import njit
 
+from lpu.emulator import vxm_fast
 from lpu.emulator.mxm import accumulate, exact_in_f64, install, note, products, weight_stats
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS, DTYPE_NAMES: used by run.py)
     CORE_OPS, DTYPE_NAMES, C_ABC, C_ACC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
@@ -239,7 +240,10 @@ def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring, f16tab,
         return False
     if reads_b and not stream_read(bref, WIDTH[bdt], p, t, ring, sb, hz):
         return False
-    vxm_compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, so)
+    if vxm_fast.handles(op, adt, bdt, bimm, odt):
+        vxm_fast.compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, lanes, f16tab, fa, fb, u32, f32v, so)
+    else:
+        vxm_compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, so)
     counters[K_VXM_BUSY] += 1
     return stream_write(oref, WIDTH[odt], p, t + lat, ex, ring, so, hz)
 
@@ -394,17 +398,22 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
         return operand_error(hz, 2, k)
     if not stream_read(ref, w, p, t, ring, sa, hz):
         return False
-    for l in range(lanes):
+    for b in range(w):
+        x, y = sa[b], so[b]
         if op == C_SHIFT:
-            src = l - k if l - k >= 0 and l - k < lanes else -1
+            for l in range(lanes):
+                y[l] = x[l - k] if l - k >= 0 and l - k < lanes else 0
         elif op == C_ROTATE:
-            src = (l - k) % lanes
+            kk = k % lanes
+            for l in range(lanes):
+                y[l] = x[l - kk + lanes] if l < kk else x[l - kk]
         elif op == C_PERMUTE:
-            src = tables[k, l] if tables[k, l] < lanes else -1
+            tab = tables[k]
+            for l in range(lanes):
+                y[l] = x[tab[l]] if tab[l] >= 0 and tab[l] < lanes else 0
         else:
-            src = k
-        for b in range(w):
-            so[b, l] = sa[b, src] if src >= 0 else 0
+            for l in range(lanes):
+                y[l] = x[k]
     return stream_write(oref, w, p, t + lat, ex, ring, so, hz)
 
 
