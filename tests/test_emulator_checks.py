@@ -10,12 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lpu.emulator import core, mxm
+from lpu.api import inputs_for
+from lpu.compiler.driver import compile_file
+from lpu.emulator import arith as A
+from lpu.emulator import core, mxm, vxm_fast
 from lpu.emulator.prepare import MISSING, dispatch_table, refuse_missing
-from lpu.emulator.run import HazardError, run
+from lpu.emulator.run import F16_TO_F32, HazardError, run
 from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
-from lpu.isa.machine import EAST, UNIT_MEM, UNIT_VXM, WEST, MachineConfig
+from lpu.isa.machine import EAST, UNIT_VXM, WEST, MachineConfig
 from tests.progbuild import ProgBuilder, ref
 
 M = MachineConfig.load("tiny")
@@ -166,9 +169,6 @@ def test_exactness_test_is_not_vacuous():
 # ---- VXM fast path = arith's general path ---------------------------------------------------------
 @pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV", "MAX", "MIN", "CONV"])
 def test_vxm_fast_path_equals_general_path(op):
-    from lpu.emulator import arith as A
-    from lpu.emulator import vxm_fast
-    from lpu.emulator.run import F16_TO_F32
     c = A.CORE_OPS.index(op)
     raw = RNG.integers(0, 256, (4, L)).astype(np.uint8)
     vals = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 1e-8, -3.5], np.float32)
@@ -208,8 +208,6 @@ def _same_bits(a, b):
 
 
 def _bulk_equals_row(name, machine, params=None):
-    from lpu.api import inputs_for
-    from lpu.compiler.driver import compile_file
     prog, graph = compile_file(os.path.join(PROGRAMS, name + ".lpu"), params or {}, machine)
     values = inputs_for(graph, prog, 0)
     a, b = run(prog, values), run(prog, values, bulk=False)
