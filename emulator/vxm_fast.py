@@ -22,7 +22,8 @@ def handles(op, adt, bdt, bimm, odt):
         return False
     if op == C_CONV:
         return _fdt(adt)
-    if op < C_ADD or op > C_MIN or bimm < 0 or bimm > 2:
+    binary = op == C_ADD or op == C_SUB or op == C_MUL or op == C_DIV or op == C_MAX or op == C_MIN
+    if not binary or bimm < 0 or bimm > 2:
         return False
     return (bimm == 2 or _fdt(adt)) and (bimm == 1 or _fdt(bdt))
 
@@ -58,7 +59,7 @@ def _binary(op, fa, fb, lanes):
         for l in range(lanes):
             a, b = fa[l], fb[l]
             fa[l] = a + b if a != a or b != b else (a if a >= b else b)
-    else:
+    elif op == C_MIN:
         for l in range(lanes):
             a, b = fa[l], fb[l]
             fa[l] = a + b if a != a or b != b else (a if a <= b else b)
