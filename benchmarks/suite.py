@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from benchmarks import bounds as B
+from benchmarks.speedprobe import THREAD_VARS
 from lpu.compiler.driver import CompileStats, compile_source
 from lpu.emulator.run import run
+from lpu.isa.encoding import save
 from lpu.isa.machine import MachineConfig
 from lpu.api import inputs_for
 
@@ -110,8 +112,6 @@ def pstr(params: dict) -> str:
 def speed_probe(b: "Bench", c: Compiled, params: dict, one_thread: bool) -> dict:
     """Emulation and numpy float32 times of a compiled program, measured alternately in a child
     process (benchmarks/speedprobe.py), with numpy's default threads or one thread."""
-    from benchmarks.speedprobe import THREAD_VARS
-    from lpu.isa.encoding import save
     env = _child_env()
     if one_thread:
         env.update({v: "1" for v in THREAD_VARS})
@@ -263,7 +263,6 @@ def _child_env() -> dict:
 
 
 def memory(b: Bench) -> list:
-    from lpu.isa.encoding import save
     sec = "memory"
     out = []
     name, params = ("bert_base", {"L": 1}) if b.quick else ("bert_base", {})

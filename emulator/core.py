@@ -20,12 +20,13 @@ function returns the number of instructions executed before it.
 import numpy as np
 from numba import njit
 
+from lpu.emulator import vxm_fast
 from lpu.emulator.mxm import accumulate, exact_in_f64, install, note, products, weight_stats
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS, DTYPE_NAMES: used by run.py)
-    CORE_OPS, DTYPE_NAMES, C_ABC, C_ACC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
-    C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SCATTER, C_SHIFT, C_TPIN,
+    CORE_OPS, DTYPE_NAMES, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
+    C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SHIFT, C_TPIN,
     C_TPOUT, C_WRITE, D_F16, D_F32, D_I32, D_I8, WIDTH, i8_to_f16_bits,
-    vxm_compute, wrap32,
+    vxm_compute,
 )
 
 TRANSPOSE_BUFFERS = 4
@@ -239,7 +240,10 @@ def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring, f16tab,
         return False
     if reads_b and not stream_read(bref, WIDTH[bdt], p, t, ring, sb, hz):
         return False
-    vxm_compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, so)
+    if vxm_fast.handles(op, adt, bdt, bimm, odt):
+        vxm_fast.compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, lanes, f16tab, fa, fb, u32, f32v, so)
+    else:
+        vxm_compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, so)
     counters[K_VXM_BUSY] += 1
     return stream_write(oref, WIDTH[odt], p, t + lat, ex, ring, so, hz)
 
@@ -270,11 +274,12 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         if cvt != 0:
             for l in range(lanes):
                 bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
-                lbuf[plane, row, l, 0] = bits & 0xFF
-                lbuf[plane, row, l, 1] = bits >> 8
+                lbuf[plane, 0, row, l] = bits & 0xFF
+                lbuf[plane, 1, row, l] = bits >> 8
             return True
         for b in range(w):
-            lbuf[plane, row, :, b] = sa[b, :]
+            for l in range(lanes):
+                lbuf[plane, b, row, l] = sa[b, l]
         return True
     if op == C_IW:
         if not flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_bits, bulk_min, hz):
@@ -393,17 +398,22 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
         return operand_error(hz, 2, k)
     if not stream_read(ref, w, p, t, ring, sa, hz):
         return False
-    for l in range(lanes):
+    for b in range(w):
+        x, y = sa[b], so[b]
         if op == C_SHIFT:
-            src = l - k if l - k >= 0 and l - k < lanes else -1
+            for l in range(lanes):
+                y[l] = x[l - k] if l - k >= 0 and l - k < lanes else 0
         elif op == C_ROTATE:
-            src = (l - k) % lanes
+            kk = k % lanes
+            for l in range(lanes):
+                y[l] = x[l - kk + lanes] if l < kk else x[l - kk]
         elif op == C_PERMUTE:
-            src = tables[k, l] if tables[k, l] < lanes else -1
+            tab = tables[k]
+            for l in range(lanes):
+                y[l] = x[tab[l]] if tab[l] >= 0 and tab[l] < lanes else 0
         else:
-            src = k
-        for b in range(w):
-            so[b, l] = sa[b, src] if src >= 0 else 0
+            for l in range(lanes):
+                y[l] = x[k]
     return stream_write(oref, w, p, t + lat, ex, ring, so, hz)
 
 
@@ -419,7 +429,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
              np.zeros((2, spd, ring_size), np.int64), np.zeros((2, spd, ring_size, lanes), np.uint8),
              np.zeros((2, spd, ring_size), np.uint8)),
             np.full((slices, banks), -1, np.int64),               # bank_last
-            np.zeros((nplanes, lanes, lanes, 2), np.uint8),       # lbuf
+            np.zeros((nplanes, 2, lanes, lanes), np.uint8),       # lbuf: [plane, byte plane, row, lane]
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
             np.zeros((nplanes, lanes, lanes), np.float64),        # wts
             np.zeros((nplanes, 4), np.int64),                     # wstat: mxm statistics of the weights

@@ -82,21 +82,26 @@ def weight_stats(w, stat):
 
 @njit(cache=True)
 def install(buf, dt, trans, lanes, f16tab, w, stat):
-    """w[k, n] = the weight buffer (transposed if trans) as numbers; stat: their statistics, to
-    be computed (weight_stats)."""
+    """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed if trans) as numbers;
+    stat: their statistics, to be computed (weight_stats)."""
     stat[:] = 0
-    v = np.empty(lanes, np.float64)
-    for r in range(lanes):
-        if dt == D_I8:
-            for c in range(lanes):
-                v[c] = np.float64(np.int8(buf[r, c, 0]))
-        else:
-            for c in range(lanes):
-                v[c] = np.float64(f16tab[np.int64(buf[r, c, 0]) | (np.int64(buf[r, c, 1]) << 8)])
-        if trans:
-            w[:, r] = v
-        else:
-            w[r, :] = v
+    lo, hi = buf[0], buf[1]
+    if dt == D_I8 and trans:
+        for k in range(lanes):
+            for n in range(lanes):
+                w[k, n] = np.float64(np.int8(lo[n, k]))
+    elif dt == D_I8:
+        for k in range(lanes):
+            for n in range(lanes):
+                w[k, n] = np.float64(np.int8(lo[k, n]))
+    elif trans:
+        for k in range(lanes):
+            for n in range(lanes):
+                w[k, n] = f16tab[np.int64(lo[n, k]) | (np.int64(hi[n, k]) << 8)]
+    else:
+        for k in range(lanes):
+            for n in range(lanes):
+                w[k, n] = f16tab[np.int64(lo[k, n]) | (np.int64(hi[k, n]) << 8)]
 
 
 @njit(cache=True)

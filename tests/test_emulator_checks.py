@@ -10,12 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lpu.emulator import core, mxm
+from lpu.api import inputs_for
+from lpu.compiler.driver import compile_file
+from lpu.emulator import arith as A
+from lpu.emulator import core, mxm, vxm_fast
 from lpu.emulator.prepare import MISSING, dispatch_table, refuse_missing
-from lpu.emulator.run import HazardError, run
+from lpu.emulator.run import F16_TO_F32, HazardError, run
 from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
-from lpu.isa.machine import EAST, UNIT_MEM, UNIT_VXM, WEST, MachineConfig
+from lpu.isa.machine import EAST, UNIT_VXM, WEST, MachineConfig
 from tests.progbuild import ProgBuilder, ref
 
 M = MachineConfig.load("tiny")
@@ -163,6 +166,41 @@ def test_exactness_test_is_not_vacuous():
     assert not mxm.exact_in_f64(_stat(np.array([np.inf])), _stat(small), 320)
 
 
+# ---- VXM fast path = arith's general path ---------------------------------------------------------
+@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV", "MAX", "MIN", "CONV"])
+def test_vxm_fast_path_equals_general_path(op):
+    c = A.CORE_OPS.index(op)
+    raw = RNG.integers(0, 256, (4, L)).astype(np.uint8)
+    vals = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 1e-8, -3.5], np.float32)
+    b32 = np.concatenate([vals, RNG.standard_normal(L - len(vals)).astype(np.float32) * 1e3]).view(np.uint32)
+    b16 = np.concatenate([vals, RNG.standard_normal(L - len(vals)).astype(np.float32)]).astype(np.float16).view(np.uint16)
+    planes = {A.D_F32: np.stack([(b32 >> (8 * i)) & 0xFF for i in range(4)]).astype(np.uint8),
+              A.D_F16: np.stack([b16 & 0xFF, b16 >> 8, raw[2], raw[3]]).astype(np.uint8)}
+    imm = int(np.array([1.5], np.float32).view(np.int32)[0])
+    for adt in (A.D_F16, A.D_F32):
+        for bdt in (A.D_F16, A.D_F32):
+            for odt in (A.D_F16, A.D_F32):
+                for bimm in ((0,) if op == "CONV" else (0, 1, 2)):
+                    a, b = planes[adt], np.roll(planes[bdt], 3, axis=1)
+                    assert vxm_fast.handles(c, adt, bdt, bimm, odt)
+                    outs = []
+                    for fast in (True, False):
+                        scratch = (np.zeros(L, np.float32), np.zeros(L, np.float32), np.zeros(L, np.int64),
+                                   np.zeros(L, np.uint32))
+                        fa, fb, ia, u32 = scratch
+                        dst = np.full((4, L), 7, np.uint8)
+                        if fast:
+                            vxm_fast.compute(c, a, adt, b, bdt, bimm, imm, odt, L - 2, L, F16_TO_F32, fa, fb, u32,
+                                             u32.view(np.float32), dst)
+                        else:
+                            A.vxm_compute(c, a, adt, b, bdt, bimm, imm, odt, L - 2, 0, L, F16_TO_F32, fa, fb, ia, u32,
+                                          u32.view(np.float32), dst)
+                        outs.append(dst[:A.WIDTH[odt]].copy())
+                    assert np.array_equal(outs[0], outs[1]), (op, adt, bdt, odt, bimm)
+    assert not vxm_fast.handles(A.C_ADD, A.D_I8, A.D_I8, 0, A.D_I8)
+    assert not vxm_fast.handles(A.C_EXP, A.D_F32, 0, 0, A.D_F32)
+
+
 # ---- whole programs: the bulk path changes no bit ------------------------------------------------
 def _same_bits(a, b):
     for name in a:
@@ -170,8 +208,6 @@ def _same_bits(a, b):
 
 
 def _bulk_equals_row(name, machine, params=None):
-    from lpu.api import inputs_for
-    from lpu.compiler.driver import compile_file
     prog, graph = compile_file(os.path.join(PROGRAMS, name + ".lpu"), params or {}, machine)
     values = inputs_for(graph, prog, 0)
     a, b = run(prog, values), run(prog, values, bulk=False)
