@@ -33,7 +33,11 @@ TRANSPOSE_BUFFERS = 4
 
 # hazard kinds (messages in run.py)
 (H_NONE, H_STREAM_EMPTY, H_TWO_WRITERS, H_BANK, H_ADDR, H_BUSY, H_NOT_READY, H_DTYPE, H_OPERAND, H_SRAM_EMPTY,
- H_UNREAD, H_INSTALL) = range(12)
+ H_UNREAD, H_INSTALL, H_ORDER) = range(13)
+# H_ORDER reasons (x0; x1 the plane, x2 the row): the MXM's weight-buffer and accumulator protocol,
+# as the checker (compiler/verify_units.py, mxm-order) states it
+(ORD_RELOAD, ORD_STALE, ORD_RESET_UNREAD, ORD_ACCUM_READ, ORD_ACC_EMPTY, ORD_NOT_INSTALLED,
+ ORD_NEVER_READ) = range(7)
 H_FLUSH = 99      # not a hazard: the host is asked to multiply out a plane's batch (see `flush`)
 
 # the core's units (emulator/prepare.py maps the opcode table's unit of every opcode onto these)
@@ -153,6 +157,30 @@ def first_unread(ring, hz):
     return best < 0
 
 
+@njit(cache=True)
+def order_hazard(hz, reason, plane, row):
+    hz[0], hz[3], hz[4], hz[5] = H_ORDER, reason, plane, row
+    return False
+
+
+@njit(cache=True)
+def order_done(order, hz):
+    """At the end of the run: a weight row loaded but never installed, or an accumulator result
+    never read out (the earliest such instruction), as an H_ORDER hazard."""
+    lw_src, acc_state, acc_last = order
+    best = -1
+    for pl in range(lw_src.shape[0]):
+        for r in range(lw_src.shape[1]):
+            if lw_src[pl, r] >= 0 and (best < 0 or lw_src[pl, r] < best):
+                best = lw_src[pl, r]
+                hz[0], hz[3], hz[4], hz[5], hz[6] = H_ORDER, ORD_NOT_INSTALLED, pl, r, best
+        for r in range(acc_state.shape[1]):
+            if acc_state[pl, r] == 1 and (best < 0 or acc_last[pl, r] < best):
+                best = acc_last[pl, r]
+                hz[0], hz[3], hz[4], hz[5], hz[6] = H_ORDER, ORD_NEVER_READ, pl, r, best
+    return best < 0
+
+
 @njit(cache=True, inline="always")
 def operand_error(hz, field, value):
     hz[0] = H_OPERAND
@@ -257,7 +285,7 @@ def mxm_input_ok(ref, plane, spd):
 
 @njit(cache=True)
 def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts, wstat,
-             wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x, pend_meta, pend_n, pstat, ybuf, bulk_min, hz,
+             wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n, pstat, ybuf, bulk_min, hz,
              counters):
     if op == C_LW:
         row, ref, cvt = a[0], a[1], a[2]
@@ -267,10 +295,13 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
             return operand_error(hz, 1, ref)
         if cvt != 0 and (cvt != 1 or ref >> 8 != D_I8 or plane % 2 != 0):
             return operand_error(hz, 2, cvt)
+        if lw_dt[plane, row] != -1:
+            return order_hazard(hz, ORD_RELOAD, plane, row)
         w = WIDTH[ref >> 8]
         if not stream_read(ref, w, p, t, ring, sa, hz):
             return False
         lw_dt[plane, row] = D_F16 if cvt != 0 else ref >> 8
+        order[0][plane, row] = ex
         if cvt != 0:
             for l in range(lanes):
                 bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
@@ -294,7 +325,15 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
             if lw_dt[plane, r] != -1 and lw_dt[plane, r] != dt:
                 hz[0], hz[3], hz[4], hz[5] = H_INSTALL, lw_dt[plane, r], dt, r
                 return False
+        top = -1
+        for r in range(lanes):
+            if lw_dt[plane, r] != -1:
+                top = r
+        for r in range(top):
+            if lw_dt[plane, r] == -1:
+                return order_hazard(hz, ORD_STALE, plane, r)
         lw_dt[plane, :] = -1
+        order[0][plane, :] = -1
         busy[plane] = t + 1
         install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane], wstat[plane])
         wdt[plane] = dt
@@ -316,6 +355,11 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         if accum != 0 and acc_kind[plane, row] != kind and acc_kind[plane, row] != -1:
             hz[0], hz[3], hz[4] = H_DTYPE, kind, acc_kind[plane, row]
             return False
+        state = order[1][plane, row]
+        if accum == 0 and state == 1:
+            return order_hazard(hz, ORD_RESET_UNREAD, plane, row)
+        if accum != 0 and state == 2:
+            return order_hazard(hz, ORD_ACCUM_READ, plane, row)
         span = 1 if dt == D_I8 else 2
         for pl in range(plane, plane + span):
             if busy[pl] > t:
@@ -335,6 +379,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         pend_n[plane] = nb + 1
         acc_kind[plane, row] = kind
         acc_ready[plane, row] = t + lat
+        order[1][plane, row], order[2][plane, row] = 1, ex
         counters[K_MXM_BUSY] += 1 if dt == D_I8 else 2 * pair_cycles
         counters[K_MACS] += lanes * lanes
         return True
@@ -345,12 +390,15 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         return operand_error(hz, 0, row)
     if ref < 0 or not (ref >> 8 == D_I32 or ref >> 8 == D_F32) or not ref_ok(ref, 4, spd):
         return operand_error(hz, 1, ref)
+    if order[1][plane, row] == 0:
+        return order_hazard(hz, ORD_ACC_EMPTY, plane, row)
     if acc_ready[plane, row] > t:
         hz[0], hz[3], hz[4], hz[5] = H_NOT_READY, plane, row, acc_ready[plane, row]
         return False
     if acc_kind[plane, row] != -1 and acc_kind[plane, row] != ref >> 8:
         hz[0], hz[3], hz[4] = H_DTYPE, ref >> 8, acc_kind[plane, row]
         return False
+    order[1][plane, row] = 2
     for l in range(lanes):
         bits = np.int64(acc_bits[plane, row, l])
         for b in range(4):
@@ -442,16 +490,20 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.zeros((nplanes, ABC_BATCH, lanes), np.float64),    # pend_x: ABCs not yet multiplied out
             np.zeros((nplanes, ABC_BATCH, 3), np.int64),          # pend_meta: (acc row, accum, dtype)
             np.zeros(nplanes, np.int64),                          # pend_n
-            np.zeros((nplanes, 4), np.int64))                     # pstat: mxm statistics of the batch
+            np.zeros((nplanes, 4), np.int64),                     # pstat: mxm statistics of the batch
+            (np.full((nplanes, lanes), -1, np.int64),             # order: the LW each buffer row waits to install,
+             np.zeros((nplanes, acc_rows), np.int64),             #   accumulator rows (0 unused, 1 result pending,
+             np.full((nplanes, acc_rows), -1, np.int64)))         #   2 read out) and each row's last ABC
 
 
 def reset(ws):
     """Back to the state of a machine that has run nothing (what a run can observe)."""
-    ring, bank_last, lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n, pstat = ws
+    ring, bank_last, lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n, pstat, order = ws
     ring[0].fill(NO_DIAG)
     ring[4].fill(0)
     for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wts, 0), (wstat, 0), (wdt, -1), (busy, 0), (acc_bits, 0),
-                 (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0), (pstat, 0)):
+                 (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0), (pstat, 0), (order[0], -1), (order[1], 0),
+                 (order[2], -1)):
         a.fill(v)
 
 
@@ -463,7 +515,7 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     H_FLUSH: call again from there). Dispatch is by each instruction's core unit (`cunit`), then
     by its core operation."""
     (ring, bank_last, lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
-     pend_n, pstat) = ws
+     pend_n, pstat, order) = ws
     sa = np.zeros((4, lanes), np.uint8)
     sb = np.zeros((4, lanes), np.uint8)
     so = np.zeros((4, lanes), np.uint8)
@@ -481,7 +533,7 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
                           ring, sa, sb, hz, counters)
         elif u == U_MXM:
             ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
-                          lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, sa, so, pend_x,
+                          lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x,
                           pend_meta, pend_n, pstat, ybuf, bulk_min, hz, counters)
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
@@ -496,7 +548,6 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
             else:
                 hz[1], hz[2] = i, t
             return i
-    if not first_unread(ring, hz):
+    if not first_unread(ring, hz) or not order_done(order, hz):
         hz[1], hz[2] = hz[6], cyc[hz[6]]
-        return cyc.shape[0]
     return cyc.shape[0]

@@ -45,6 +45,17 @@ HAZARD_TEXT = {
     core.H_SRAM_EMPTY: "SRAM read of an address that holds no value",
     core.H_UNREAD: "value put on a stream that nothing reads",
     core.H_INSTALL: "weights installed as another type than loaded",
+    core.H_ORDER: "MXM weight or accumulator used out of order:",
+}
+ORDER_TEXT = {
+    core.ORD_RELOAD: "weight buffer row {row} of plane {plane} is loaded again before it was installed",
+    core.ORD_STALE: "the IW installs stale weights: buffer row {row} of plane {plane} was not loaded since the "
+                    "previous IW",
+    core.ORD_RESET_UNREAD: "accumulator row {row} of plane {plane} is reset before its result was read (ACC)",
+    core.ORD_ACCUM_READ: "accumulates onto accumulator row {row} of plane {plane}, already read out and not reset",
+    core.ORD_ACC_EMPTY: "reads accumulator row {row} of plane {plane}, which no ABC wrote",
+    core.ORD_NOT_INSTALLED: "weight buffer row {row} of plane {plane} is loaded but no later IW installs it",
+    core.ORD_NEVER_READ: "the result in accumulator row {row} of plane {plane} is never read",
 }
 
 
@@ -227,7 +238,7 @@ def load(program: Program, values: dict, prep: Prepared | None = None) -> np.nda
 HAZARD_KIND = {core.H_STREAM_EMPTY: "stream-read", core.H_TWO_WRITERS: "two-writers", core.H_BANK: "bank-conflict",
                core.H_ADDR: "address", core.H_BUSY: "unit-busy", core.H_NOT_READY: "not-ready",
                core.H_DTYPE: "dtype", core.H_OPERAND: "operand", core.H_SRAM_EMPTY: "sram-live",
-               core.H_UNREAD: "stream-unread", core.H_INSTALL: "mxm-order"}
+               core.H_UNREAD: "stream-unread", core.H_INSTALL: "mxm-order", core.H_ORDER: "mxm-order"}
 
 
 def _stream_name(d: int, s: int) -> str:
@@ -273,6 +284,9 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
     elif kind == core.H_INSTALL:
         expected = _dtype_name(x1)
         detail = f"weight row {x2} was loaded as {_dtype_name(x0)}, the IW installs {expected}"
+    elif kind == core.H_ORDER:
+        expected = "the MXM protocol: LW rows 0..n-1, IW, ABCs, one ACC per result"
+        detail = ORDER_TEXT.get(x0, "reason {plane}").format(plane=x1, row=x2)
     elif kind == core.H_DTYPE:
         expected = _dtype_name(x1)
         detail = f"{_dtype_name(x0)} where the unit holds {expected}"
@@ -296,13 +310,29 @@ def _bulk(ws, plane: int) -> None:
     """Multiply out the pending ABCs of `plane` with one BLAS product (core.flush asked for it,
     having proved with mxm.exact_in_f64 that every sum is exact: the bits of mxm.products).
     + 0.0 turns an exact zero that BLAS may give as -0 into the +0 of the in-order sum."""
-    _, _, _, _, wts, _, _, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, pstat = ws
+    _, _, _, _, wts, _, _, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, pstat, _ = ws
     n = int(pend_n[plane])
     y = pend_x[plane, :n] @ wts[plane]
     y += 0.0
     mxm.accumulate(acc_bits[plane], pend_meta[plane], n, y)
     pend_n[plane] = 0
     pstat[plane] = 0
+
+
+def _unwritten_output(program: Program, prep, valid: np.ndarray, cycles: int) -> HazardError | None:
+    """An output plane slot that the run never wrote (nor loaded): its value would be whatever
+    the SRAM held, so it is refused like any other hazard."""
+    for y in program.symbols:
+        if y.kind != "output":
+            continue
+        miss = valid[prep.sym_rows[y.name]] == 0
+        if miss.any():
+            v, b = (int(x[0]) for x in np.nonzero(miss))
+            where = f"slice {int(y.slices[v, b])} bank {int(y.banks[v, b])} address {int(y.addrs[v, b])}"
+            return HazardError(f"hazard at the end of the run: output '{y.name}': {int(miss.sum())} of {miss.size} "
+                               f"plane slots are never written (first: vector {v} byte plane {b}, {where})",
+                               cycles, "-", -1, "-", 0, "output", "every output slot written")
+    return None
 
 
 def _cycles_hazard(program: Program, s: Schedule, cycles: int) -> HazardError:
@@ -353,6 +383,9 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) 
     cycles = s.cycles + m.icu_skew if len(s.cycle) else 0
     if cycles != program.predicted_cycles:
         raise _cycles_hazard(program, s, cycles)
+    unwritten = _unwritten_output(program, prep, valid, cycles)
+    if unwritten is not None:
+        raise unwritten
     busy = {"mem": int(counters[core.K_BANK_ACCESSES]), "vxm": int(counters[core.K_VXM_BUSY]),
             "mxm": int(counters[core.K_MXM_BUSY]), "sxm": int(counters[core.K_SXM_BUSY])}
     units = {"mem": m.mem_slices * m.banks_per_slice, "vxm": m.vxm_alus, "mxm": m.mxm_planes,

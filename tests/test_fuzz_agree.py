@@ -3,12 +3,11 @@ flips with valid checksums, instructions moved a cycle, fields, REPEAT/NOP count
 constants, tables, predicted cycles: tests/fuzz/cases.py), `lpu run` exits 0 if and only if
 `lpu verify` exits 0.
 
-The checker's side holds: `verify` refuses everything `run` refuses. The emulator's side is
-pending: it does not yet treat as hazards a read of an SRAM address that holds no value
-(verify: sram-live), a value put on a stream that nothing reads (stream-unread), a wrong
-predicted cycle count (cycles), or an MXM install of the wrong type (mxm-order); those checks
-belong to emulator/core.py and emulator/run.py (issue 14). Until they are in, the full
-property is marked xfail, and the test that runs by default allows exactly those kinds."""
+Both sides hold: `verify` refuses everything `run` refuses (symbol layouts, shapes, constants,
+tables), and the emulator refuses as hazards what the checker finds that hardware would silently
+get wrong: a read of an SRAM address that holds no value (sram-live), a value on a stream that
+nothing reads (stream-unread), a wrong predicted cycle count (cycles), an MXM install of the wrong
+type (mxm-order)."""
 from __future__ import annotations
 
 import json
@@ -20,15 +19,6 @@ from hypothesis import strategies as st
 
 from tests.fuzz import cases as FC
 from tests.fuzz.harness import run_cli
-
-# verify's violation kinds that `run` does not refuse yet (the emulator checks of issue 14)
-EMULATOR_PENDING = {
-    "sram-live": "the emulator does not refuse a read of an SRAM address that holds no value",
-    "stream-unread": "the emulator does not refuse a value on a stream that nothing consumes",
-    "cycles": "the emulator does not refuse a binary whose predicted cycle count is wrong",
-    "mxm-order": "the emulator does not refuse an MXM install of the wrong type or order",
-}
-PENDING_REASON = ("emulator-side hazards not in yet (issue 14): " + "; ".join(EMULATOR_PENDING.values()))
 
 
 @pytest.fixture(scope="module")
@@ -47,25 +37,18 @@ def run_and_verify(workdir, data: bytes) -> tuple[int, int, dict, str]:
 
 
 @given(st.integers(0, 2**32 - 1))
-def test_verify_refuses_whatever_run_refuses(workdir, seed):
-    """Checker side: `verify` exits 0 only if `run` does; where `run` exits 0 and `verify`
-    does not, only the emulator-side kinds still pending are found."""
-    data = FC.binary_case(random.Random(f"binary-{seed}"))
-    run_rc, verify_rc, counts, run_err = run_and_verify(workdir, data)
-    note(f"run {run_rc} ({run_err.strip()[:300]}), verify {verify_rc} {counts}")
-    if verify_rc == 0:
-        assert run_rc == 0, f"verify accepts a binary run refuses: {run_err}"
-    if run_rc == 0 and verify_rc != 0:
-        assert counts and set(counts) <= set(EMULATOR_PENDING), counts
-
-
-@pytest.mark.xfail(reason=PENDING_REASON, strict=False)
-@pytest.mark.parametrize("seed", range(0, 60, 3))
 def test_run_exits_0_iff_verify_exits_0(workdir, seed):
     data = FC.binary_case(random.Random(f"binary-{seed}"))
     run_rc, verify_rc, counts, run_err = run_and_verify(workdir, data)
+    note(f"run {run_rc} ({run_err.strip()[:300]}), verify {verify_rc} {counts}")
     assert (run_rc == 0) == (verify_rc == 0), (run_rc, verify_rc, counts, run_err[:300])
 
+
+@pytest.mark.parametrize("seed", range(0, 60, 3))
+def test_run_exits_0_iff_verify_exits_0_fixed_cases(workdir, seed):
+    data = FC.binary_case(random.Random(f"binary-{seed}"))
+    run_rc, verify_rc, counts, run_err = run_and_verify(workdir, data)
+    assert (run_rc == 0) == (verify_rc == 0), (run_rc, verify_rc, counts, run_err[:300])
 
 
 def test_run_refuses_a_wrong_predicted_cycle_count(workdir):
@@ -74,3 +57,13 @@ def test_run_refuses_a_wrong_predicted_cycle_count(workdir):
     run_rc, verify_rc, counts, _ = run_and_verify(workdir, FC.encode(dataclasses.replace(p, predicted_cycles=p.predicted_cycles + 1)))
     assert counts == {"cycles": 1} and verify_rc == 2
     assert run_rc == 2
+
+
+@pytest.mark.parametrize("seed,kind", [(7186, "mxm-order"), (114929, "output")])
+def test_run_refuses_with_the_checkers_kind(workdir, seed, kind):
+    """Cases the property found: an ABC accumulating onto a row already read out (seed 7186) and
+    an output slot never written (seed 114929) ran to exit 0 while verify refused them."""
+    data = FC.binary_case(random.Random(f"binary-{seed}"))
+    run_rc, verify_rc, counts, run_err = run_and_verify(workdir, data)
+    assert verify_rc == 2 and kind in counts
+    assert run_rc == 2 and "hazard" in run_err
