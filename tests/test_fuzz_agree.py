@@ -6,7 +6,8 @@ constants, tables, predicted cycles: tests/fuzz/cases.py), `lpu run` exits 0 if 
 The checker's side holds: `verify` refuses everything `run` refuses. The emulator's side is
 pending: it does not yet treat as hazards a read of an SRAM address that holds no value
 (verify: sram-live), a value put on a stream that nothing reads (stream-unread), a wrong
-predicted cycle count (cycles), or an MXM install of the wrong type (mxm-order); those checks
+predicted cycle count (cycles), an MXM install of the wrong type (mxm-order), or an output read
+back from SRAM slots nothing wrote (output); those checks
 belong to emulator/core.py and emulator/run.py (issue 14). Until they are in, the full
 property is marked xfail, and the test that runs by default allows exactly those kinds."""
 from __future__ import annotations
@@ -27,6 +28,7 @@ EMULATOR_PENDING = {
     "stream-unread": "the emulator does not refuse a value on a stream that nothing consumes",
     "cycles": "the emulator does not refuse a binary whose predicted cycle count is wrong",
     "mxm-order": "the emulator does not refuse an MXM install of the wrong type or order",
+    "output": "the emulator reads back an output whose SRAM slots no instruction wrote",
 }
 PENDING_REASON = ("emulator-side hazards not in yet (issue 14): " + "; ".join(EMULATOR_PENDING.values()))
 
