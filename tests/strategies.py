@@ -233,7 +233,7 @@ def machines(draw) -> MachineConfig:
     d["streams_per_direction"] = draw(st.integers(8, 16))      # >= 8: two f32 operands side by side
     d["lw_ports_per_plane"] = draw(st.sampled_from((1, 2, 4)))
     d["f16_pair_cycles"] = draw(st.sampled_from((1, 2)))
-    d["vxm_alus"] = draw(st.sampled_from((1, 2, 4)))
+    d["vxm_alus"] = draw(st.sampled_from((2, 3, 4)))   # configs need 2 (isa/machine.py)
     d["sxm_queues_per_hemisphere"] = draw(st.sampled_from((1, 2)))
     d["icu_skew"] = draw(st.sampled_from((0, 1, 3)))
     d["latency"] = {k: draw(st.integers(1, 5)) for k in d["latency"]}
