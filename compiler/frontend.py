@@ -21,4 +21,3 @@ def elaborate_file(path, params: dict[str, int] | None = None) -> IRGraph:
     except OSError as e:
         raise SourceError([SourceText(str(path), "").diagnostic(0, 0, f"cannot read the program: {e.strerror}")]) from None
     return elaborate_source(text, str(path), params)
-
