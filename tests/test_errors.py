@@ -233,6 +233,8 @@ CASES = [
          ["run", "m.lpu", *SMALL, "--inputs", "in.npz"], ["error: --inputs in.npz has 'big', which the program does not declare"]),
     Case("inputs: a pickle", {"m.lpu": MLP, "in.npz": lambda b: raw_npz(x=pickled_npy())},
          ["run", "m.lpu", *SMALL, "--inputs", "in.npz"], ["error: in.npz: 'x' holds Python objects"]),
+    Case("inputs: a header the tokenizer rejects", {"m.lpu": MLP, "in.npz": lambda b: raw_npz(x=unclosed_header_npy())},
+         ["run", "m.lpu", *SMALL, "--inputs", "in.npz"], ["error: in.npz: member 'x.npy' is not a valid .npy array"]),
     Case("inputs: /dev/null", {"m.lpu": MLP}, ["run", "m.lpu", *SMALL, "--inputs", "/dev/null"],
          ["error: /dev/null: not an .npz file (not a regular file"]),
 ]
@@ -251,6 +253,13 @@ def raw_npz(**members: bytes) -> bytes:
 def lying_npy(shape) -> bytes:
     from tests.fuzz.cases import _lying_npy
     return _lying_npy(shape)
+
+
+def unclosed_header_npy() -> bytes:
+    """An .npy header whose dict is never closed (numpy's tokenizer raises TokenError)."""
+    h = b"{'descr': '<f2', 'fortran_order': False, 'shape': (4,"
+    h += b" " * (53 - len(h)) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h
 
 
 def pickled_npy() -> bytes:
