@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from lpu.compiler.chainspec import Registry
 from lpu.compiler.codegen import codegen
+from lpu.compiler.budget import check_size
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.lower import lower
 from lpu.compiler.schedule import Scheduler
@@ -29,7 +30,6 @@ def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | 
     The cyclic garbage collector is paused meanwhile: lowering creates
     millions of small acyclic objects, and its passes over them cost more than the work."""
     was_enabled = gc.isenabled()
-    from lpu.compiler.frontend import check_size
     check_size(graph, machine)            # limit 'vector_ops', before any lowering
     gc.disable()
     try:

@@ -198,6 +198,10 @@ CASES = [
          ["p.lpu:4:5: error: the loop runs 10,000,000 times"]),
     Case("too many IR nodes", src("for i in 0..300 { for j in 0..100 { y = x + x } }\noutput y\n"), ["compile", "p.lpu"],
          ["error: the program unrolls to more than 20,000 IR operations"]),
+    Case("too many vector operations", {"v.lpu": "input x : f16[1024, 512]\ny = x\nfor i in 0..300 { y = y + x }\noutput y\n"},
+         ["compile", "v.lpu", "--machine", "tiny"],
+         ["v.lpu:3:25: error: the program needs more than 4,000,000 vector operations on a 16-lane machine",
+          "LPU_LIMIT_VECTOR_OPS"]),
     Case("dimension too large", src("input z : f32[4, 2147483648]\noutput z\n"), ["compile", "p.lpu"],
          ["p.lpu:4:1: error: dimension 2,147,483,648 is too large"]),
     Case("errors capped", src("".join(f"a{i} = b{i}\n" for i in range(80)) + "output x\n"), ["compile", "p.lpu"],
@@ -229,6 +233,8 @@ CASES = [
          ["run", "m.lpu", *SMALL, "--inputs", "in.npz"], ["error: --inputs in.npz has 'big', which the program does not declare"]),
     Case("inputs: a pickle", {"m.lpu": MLP, "in.npz": lambda b: raw_npz(x=pickled_npy())},
          ["run", "m.lpu", *SMALL, "--inputs", "in.npz"], ["error: in.npz: 'x' holds Python objects"]),
+    Case("inputs: a header the tokenizer rejects", {"m.lpu": MLP, "in.npz": lambda b: raw_npz(x=unclosed_header_npy())},
+         ["run", "m.lpu", *SMALL, "--inputs", "in.npz"], ["error: in.npz: member 'x.npy' is not a valid .npy array"]),
     Case("inputs: /dev/null", {"m.lpu": MLP}, ["run", "m.lpu", *SMALL, "--inputs", "/dev/null"],
          ["error: /dev/null: not an .npz file (not a regular file"]),
 ]
@@ -247,6 +253,13 @@ def raw_npz(**members: bytes) -> bytes:
 def lying_npy(shape) -> bytes:
     from tests.fuzz.cases import _lying_npy
     return _lying_npy(shape)
+
+
+def unclosed_header_npy() -> bytes:
+    """An .npy header whose dict is never closed (numpy's tokenizer raises TokenError)."""
+    h = b"{'descr': '<f2', 'fortran_order': False, 'shape': (4,"
+    h += b" " * (53 - len(h)) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h
 
 
 def pickled_npy() -> bytes:
