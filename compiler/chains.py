@@ -129,12 +129,6 @@ class ChainBuilder:
                 seen.add((b, o))
         return False
 
-    @property
-    def groups(self) -> list:
-        """The chain's stream groups so far, as (direction, koff, width)."""
-        g = self.f.groups
-        return [tuple(g[i:i + 3]) for i in range(0, len(g), 3)]
-
     def chain(self) -> Flat:
         f, h = self.f, self.hint
         f.end_chain(self.reg.hint(h[0]) if h else -1, h[1] if h else 0, self.line, self.node)

@@ -157,7 +157,7 @@ class Flat:
         return len(self.groups) // GROUP_COLS - 1
 
     def add_chain(self, ch: Chain, reg: Registry):
-        n0, g0 = self.n_ins, len(self.groups)
+        n0 = self.n_ins
         for d, koff, w in ch.groups:
             self.groups.extend((d, koff, w))
         for ins in ch.ins:

@@ -56,7 +56,7 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
     nodes = [(n.op, n.line) for n in graph.nodes()]
     predicted = sched.predicted_cycles()
     placed = sched.take_placed()
-    del sched                                  # its tables are not needed any more
+    sched = None                               # its tables are not needed any more
     t2 = time.perf_counter()
     prog = codegen(machine, placed, low.symbols, low.ctx.table_array(), nodes,
                    predicted, graph.source_name, graph.source_lines(), repeat)

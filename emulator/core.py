@@ -22,8 +22,8 @@ from numba import njit
 
 from lpu.emulator import vxm_fast
 from lpu.emulator.mxm import accumulate, exact_in_f64, install, note, products, weight_stats
-from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS, DTYPE_NAMES: used by run.py)
-    CORE_OPS, DTYPE_NAMES, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
+from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
+    CORE_OPS, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
     C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SHIFT, C_TPIN,
     C_TPOUT, C_WRITE, D_F16, D_F32, D_I32, D_I8, WIDTH, i8_to_f16_bits,
     vxm_compute,

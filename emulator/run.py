@@ -19,18 +19,16 @@ import numpy as np
 from lpu.emulator import core, mxm
 from lpu.emulator.prepare import Prepared, prepare
 from lpu.isa import opcodes as O
+from lpu.isa.dtypes import NP_DTYPE
 from lpu.isa.errors import LpuError
 from lpu.isa.machine import UNIT_ICU, UNIT_MXM, UNIT_NAMES
 from lpu.isa.program import Program, Symbol, vector_grid
-
-if tuple(core.DTYPE_NAMES) != tuple(O.DTYPES):
-    raise ImportError("emulator.core dtype codes differ from isa.opcodes.DTYPES")
 
 PHASE = np.array([s.phase for s in O.OPS], np.int32)
 OP_UNIT = np.array([s.unit for s in O.OPS], np.int32)
 OP_ROLE = np.array([s.role for s in O.OPS], np.int32)
 REPEAT_FIELD = np.array(O.REPEAT_FIELD, np.int32)
-NUMPY_DTYPE = {"i8": np.int8, "f16": np.float16, "i32": np.int32, "f32": np.float32, "bf16": np.float32}
+NUMPY_DTYPE = NP_DTYPE      # the one dtype table (isa/dtypes.py); emulator/arith.py checks its codes against it
 F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 HAZARD_TEXT = {

@@ -45,4 +45,5 @@ def limit(name: str) -> int:
 
 
 def how_to_raise(name: str) -> str:
-    return f"limit '{name}' is {limit(name):,}; set LPU_LIMIT_{name.upper()} to raise it"
+    return (f"limit '{name}' is {limit(name):,}; raise it with `lpu --limit {name}=N ...` or "
+            f"LPU_LIMIT_{name.upper()}=N")

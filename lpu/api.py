@@ -85,7 +85,9 @@ def graph_of_binary(prog: Program) -> IRGraph | None:
     from lpu.compiler.frontend import elaborate_source
     try:
         graph = elaborate_source("\n".join(prog.source_lines) + "\n", prog.source_name, dict(prog.params))
-    except LpuError:
+    except LpuError as e:
+        if "LPU_LIMIT_" in e.message:
+            raise LpuError(f"the source stored in the binary exceeds a limit:\n{e.message}") from None
         return None
     declared = {s.name: (s.dtype, tuple(s.shape)) for s in prog.symbols if s.kind in ("input", "weight", "state")}
     rebuilt = {name: (graph.node(nid).dtype, tuple(graph.node(nid).shape)) for name, nid in graph.decls.items()}

@@ -14,6 +14,7 @@ import numpy as np
 from lpu import cmd_trace, cmd_verify, compare, demo
 from lpu.args import Progress, add_common, add_window, parse_params
 from lpu.isa.errors import LpuError
+from lpu.isa.limits import DEFAULTS
 from lpu.outputs import check_outputs
 
 COMMANDS = (cmd_trace, cmd_verify, compare, demo)   # subcommands with a module of their own
@@ -31,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lpu", description="Cycle-level LPU (Tensor Streaming Processor) emulator, "
                                  "compiler and GPU comparison")
     ap.add_argument("--version", action="version", version=f"lpu {version()}")
+    ap.add_argument("--limit", dest="limits", action="append", metavar="NAME=N",
+                    help="raise (or lower) a named limit for this command, e.g. --limit loop_trips=1000000 "
+                         "(the limits: docs/limits.md; the same as LPU_LIMIT_<NAME>=N)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("compile", help="compile a .lpu program to a .lpubin binary")
     p.add_argument("program", help="PROG.lpu")
@@ -213,6 +217,22 @@ def cmd_asm(a):
     return 0
 
 
+def set_limits(items) -> None:
+    """`--limit NAME=N`: the limit's environment variable for the rest of this command."""
+    for it in items or []:
+        name, _, value = it.partition("=")
+        name = name.strip().lower()
+        if name not in DEFAULTS:
+            raise LpuError(f"--limit {it}: no limit named '{name}' (the limits: {', '.join(DEFAULTS)}; docs/limits.md)")
+        try:
+            n = int(value)
+        except ValueError:
+            raise LpuError(f"--limit {it}: '{value}' is not an integer") from None
+        if n < 1:
+            raise LpuError(f"--limit {it}: must be at least 1")
+        os.environ["LPU_LIMIT_" + name.upper()] = str(n)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = build_parser()
@@ -220,7 +240,9 @@ def main(argv=None) -> int:
     handlers = {"compile": cmd_compile, "run": cmd_run, "disasm": cmd_disasm, "asm": cmd_asm}
     for m in COMMANDS:
         handlers.update(m.HANDLERS)
+    saved = dict(os.environ)
     try:
+        set_limits(a.limits)
         check_outputs(a)
         return handlers[a.cmd](a) or 0
     except LpuError as e:
@@ -243,6 +265,9 @@ def main(argv=None) -> int:
         print(f"internal error: {type(e).__name__}: {e}\nThis is a bug in lpu; please report it with the "
               f"command you ran (rerun with --debug for the traceback).", file=sys.stderr)
         return 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 if __name__ == "__main__":

@@ -111,3 +111,14 @@ def test_unknown_function_hint_points_to_the_reference(capsys, tmp_path):
     p.write_text("input x : f32[2, 4]\noutput y = frobnicate(x)\n")
     rc, _, err = _lpu(capsys, "compile", p, "--machine", "tiny")
     assert rc == 2 and "docs/language.md" in err
+
+
+def test_limit_option_raises_a_named_limit(capsys, tmp_path):
+    p = tmp_path / "p.lpu"
+    p.write_text("input x : f32[2, 4]\ny = x\nfor i in 0..20 { y = y + x }\noutput y\n")
+    rc, _, err = _lpu(capsys, "--limit", "loop_trips=10", "compile", p, "--machine", "tiny")
+    assert rc == 2 and "loop_trips" in err and "--limit" in err
+    assert _lpu(capsys, "--limit", "loop_trips=100", "compile", p, "--machine", "tiny")[0] == 0
+    rc, _, err = _lpu(capsys, "--limit", "nonsense=3", "compile", p)
+    assert rc == 2 and "no limit named 'nonsense'" in err
+    assert "LPU_LIMIT_LOOP_TRIPS" not in os.environ        # the option lasts one command
