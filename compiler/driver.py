@@ -22,6 +22,8 @@ class CompileStats:
     pass_seconds: dict = field(default_factory=dict)
     chains: int = 0
     sram_peak_bytes: int = 0
+    stage: str = ""            # the pass running now, and chains placed so far (for progress lines)
+    placed: int = 0
 
 
 def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None,
@@ -49,7 +51,10 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
     def sink(chain):     # lowering and scheduling interleave: chains are placed in batches
         t = time.perf_counter()
         sched.place(chain)
+        stats.placed += chain.n_chains
         placing[0] += time.perf_counter() - t
+
+    stats.stage = "lower and schedule"
 
     low = lower(graph, machine, sink, reg)
     t1 = time.perf_counter() - placing[0]     # lowering's own time ends here
@@ -58,6 +63,7 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
     placed = sched.take_placed()
     sched = None                               # its tables are not needed any more
     t2 = time.perf_counter()
+    stats.stage = "codegen"
     prog = codegen(machine, placed, low.symbols, low.ctx.table_array(), nodes,
                    predicted, graph.source_name, graph.source_lines(), repeat)
     t3 = time.perf_counter()
@@ -72,8 +78,9 @@ def compile_source(text: str, name: str = "<string>", params=None, machine: Mach
     from lpu.compiler.frontend import elaborate_source
     machine = machine or MachineConfig.load("tsp-v1")
     t0 = time.perf_counter()
-    graph = elaborate_source(text, name, params or {})
     stats = stats if stats is not None else CompileStats()
+    stats.stage = "elaborate"
+    graph = elaborate_source(text, name, params or {})
     stats.pass_seconds["elaborate"] = time.perf_counter() - t0
     prog = compile_graph(graph, machine, stats)
     prog.params = dict(graph.params)

@@ -45,6 +45,11 @@ def add_window(p, what: str) -> None:
     p.add_argument("--cycles", metavar="A:B", help=f"window of cycles {what}")
 
 
+def compile_detail(stats) -> str:
+    """What a compile is doing now, from its CompileStats: the pass and the chains placed."""
+    return f"{stats.stage}, {stats.placed:,} chains placed" if stats.placed else stats.stage
+
+
 class Progress:
     """Progress lines on stderr for work that takes more than `delay` seconds, only when stderr
     is a terminal and the command does not print JSON. Used as a context manager around a
@@ -56,6 +61,7 @@ class Progress:
         self.enabled = tty if enabled is None else enabled
         self.delay = delay
         self._stage = ""
+        self._detail = None
         self._t0 = 0.0
         self._shown = False
         self._stop = threading.Event()
@@ -65,8 +71,9 @@ class Progress:
     def for_args(cls, a) -> "Progress":
         return cls(enabled=None if not getattr(a, "json", False) else False)
 
-    def stage(self, text: str) -> "Progress":
-        self._stage = text
+    def stage(self, text: str, detail=None) -> "Progress":
+        """The stage's text; `detail()`, if given, says more each tick (the pass, chains placed)."""
+        self._stage, self._detail = text, detail
         return self
 
     def __enter__(self):
@@ -93,7 +100,8 @@ class Progress:
             return
         while True:
             self._shown = True
-            self.stream.write(f"\r{self._stage} ... {time.perf_counter() - self._t0:.0f} s\033[K")
+            more = f" ({self._detail()})" if self._detail else ""
+            self.stream.write(f"\r{self._stage}{more} ... {time.perf_counter() - self._t0:.0f} s\033[K")
             self.stream.flush()
             if self._stop.wait(1.0):
                 return

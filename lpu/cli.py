@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from lpu import cmd_trace, cmd_verify, compare, demo
-from lpu.args import Progress, add_common, add_window, parse_params
+from lpu.args import Progress, add_common, add_window, compile_detail, parse_params
 from lpu.isa.errors import LpuError
 from lpu.isa.limits import DEFAULTS
 from lpu.outputs import check_outputs
@@ -71,7 +71,7 @@ def cmd_compile(a):
     from lpu.isa.encoding import save
     from lpu.compiler.driver import CompileStats
     stats = CompileStats()
-    with Progress.for_args(a).stage(f"compiling {a.program}"):
+    with Progress.for_args(a).stage(f"compiling {a.program}", lambda: compile_detail(stats)):
         prog, graph = api.compile(a.program, parse_params(a.params), a.machine, stats)
     if a.output:
         api.write_atomic(a.output, lambda tmp: save(prog, tmp))
@@ -124,8 +124,10 @@ def cmd_run(a):
         raise LpuError(f"--seed must be a non-negative integer, got {a.seed}")
     progress = Progress.for_args(a)
     t0 = time.perf_counter()
-    with progress.stage(f"compiling {a.program}"):
-        prog, graph = api.compile(a.program, parse_params(a.params), a.machine, graph=a.check)
+    from lpu.compiler.driver import CompileStats
+    stats = CompileStats()
+    with progress.stage(f"compiling {a.program}", lambda: compile_detail(stats)):
+        prog, graph = api.compile(a.program, parse_params(a.params), a.machine, stats, graph=a.check)
     compile_s = time.perf_counter() - t0
     given = api.load_npz(a.inputs, prog) if a.inputs else {}
     values = api.inputs_for(graph, prog, a.seed, given, f"--inputs {a.inputs}")

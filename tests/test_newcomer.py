@@ -122,3 +122,21 @@ def test_limit_option_raises_a_named_limit(capsys, tmp_path):
     rc, _, err = _lpu(capsys, "--limit", "nonsense=3", "compile", p)
     assert rc == 2 and "no limit named 'nonsense'" in err
     assert "LPU_LIMIT_LOOP_TRIPS" not in os.environ        # the option lasts one command
+
+
+def test_progress_line_names_the_stage_only_on_a_terminal():
+    import io
+    import time
+    from lpu.args import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    tty = Tty()
+    with Progress(delay=0.01, stream=tty).stage("compiling p.lpu", lambda: "lower and schedule"):
+        time.sleep(0.1)
+    assert "compiling p.lpu (lower and schedule) ..." in tty.getvalue() and "done in" in tty.getvalue()
+    quiet = io.StringIO()
+    with Progress(delay=0.01, stream=quiet).stage("compiling p.lpu"):
+        time.sleep(0.05)
+    assert quiet.getvalue() == ""
