@@ -288,3 +288,64 @@ def lw_rows(ctx: Ctx, line: int, node: int, plane: int, srcs, w: int, pos: int, 
     f.a_data.extend([v for p in am[0] for v in p] * n)
     f.m_data.extend([v for p in am[1] for v in p] * n)
     return f
+
+
+def sxm_rows(ctx: Ctx, line: int, node: int, op: int, srcs, dsts, w: int, dt: int, params) -> Flat:
+    """One chain per entry i (READ the w planes at srcs[i], SXM op with params[i] on the SXM
+    nearest the source, WRITE to dsts[i]), built at once with numpy: the same chains as
+    lower_common.sxm_chain, entry by entry."""
+    c, f = ctx, Flat()
+    n = len(srcs)
+    if n == 0:
+        return f
+    m = c.m
+    src = np.asarray(srcs, np.int64)
+    dst = np.asarray(dsts, np.int64)
+    spos_all = np.asarray(c.slice_pos, np.int64)
+    h = (src % c.nslices >= m.mem_slices_per_hemisphere).astype(np.int64)      # sxm_near
+    ids = {hh: c.reg.hint(("sxm", hh)) for hh in dict.fromkeys(h.tolist())}    # in order of first use
+    hid = np.asarray([ids.get(0, -1), ids.get(1, -1)], np.int64)[h]
+    pos = np.where(h == 0, m.sxm_pos(0), m.sxm_pos(1))
+    lat = c.lat[op]
+    k = 2 * w + 1                                                # instructions per chain
+    gr = src[:, None] + np.arange(w)[None, :]                    # [n, w] plane slots read
+    gw = dst[:, None] + np.arange(w)[None, :]                    # [n, w] plane slots written
+    sr, br, ar = slot_place(gr, c.nslices, c.banks)
+    sw, bw, aw = slot_place(gw, c.nslices, c.banks)
+    mem_qg = np.asarray(c.mem_qg, np.int64)
+    sxm_qg = np.asarray(c.sxm_qg, np.int64)
+    ins = np.zeros((n, k, INS_COLS), np.int64)
+    cnt = 4 + NARGS
+    ins[:, :w, 0], ins[:, w:2 * w, 0], ins[:, 2 * w, 0] = mem_qg[sr], mem_qg[sw], sxm_qg[h]
+    ins[:, :w, 1] = -np.abs(pos[:, None] - spos_all[sr]) - c.lat_read
+    ins[:, w:2 * w, 1] = lat + np.abs(spos_all[sw] - pos[:, None])
+    ins[:, :w, 2], ins[:, w:2 * w, 2], ins[:, 2 * w, 2] = O.READ, O.WRITE, op
+    ins[:, :w, 3], ins[:, w:2 * w, 3], ins[:, 2 * w, 3] = sr * c.banks + br, sw * c.banks + bw, -1
+    ins[:, :w, 4], ins[:, :w, 5] = br, ar
+    ins[:, w:2 * w, 4], ins[:, w:2 * w, 5] = bw, aw
+    ins[:, 2 * w, 6] = np.asarray(params, np.int64)
+    ins[:, :, cnt] = 1
+    ins[:, 2 * w, cnt] = 2
+    ins[:, :w, cnt + 1] = 1
+    ins[:, w:2 * w, cnt + 2] = 1
+    patch = np.zeros((n, 2 * w + 2, 4), np.int64)
+    patch[:, :2 * w, 0] = 2
+    patch[:, w:2 * w, 1] = 1
+    patch[:, :w, 2] = patch[:, w:2 * w, 2] = np.arange(w)[None, :]
+    patch[:, 2 * w + 1, 0] = patch[:, 2 * w + 1, 1] = 1
+    patch[:, 2 * w:, 3] = dt
+    ch = np.empty((n, 6), np.int64)
+    ch[:, 0], ch[:, 1], ch[:, 2], ch[:, 3], ch[:, 4], ch[:, 5] = k, 2, hid, -m.n_positions, line, node
+    east_r = pos > spos_all[src % c.nslices]                     # READ group: source slice -> SXM
+    east_w = spos_all[dst % c.nslices] > pos                     # WRITE group: SXM -> destination
+    grp = np.empty((n, 2, 3), np.int64)
+    grp[:, 0, 0], grp[:, 0, 1] = np.where(east_r, EAST, WEST), np.where(east_r, -pos, pos)
+    grp[:, 1, 0], grp[:, 1, 1] = np.where(east_w, EAST, WEST), np.where(east_w, lat - pos, lat + pos)
+    grp[:, :, 2] = w
+    f.chains.extend(ch.ravel().tolist())
+    f.groups.extend(grp.ravel().tolist())
+    f.ins.extend(ins.ravel().tolist())
+    f.p_data.extend(patch.ravel().tolist())
+    f.r_data.extend(gr.ravel().tolist())
+    f.w_data.extend(gw.ravel().tolist())
+    return f

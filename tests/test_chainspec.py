@@ -114,6 +114,34 @@ def test_lw_rows_builds_the_chains_of_read_and_lw_row_by_row(tsp, w, cvt):
         assert getattr(got, f) == getattr(want, f), f
 
 
+@pytest.mark.parametrize("w", [1, 2, 4])
+def test_sxm_rows_builds_the_chains_of_sxm_chain_one_by_one(tsp, w):
+    from types import SimpleNamespace
+    from lpu.compiler.alloc import SlotAllocator
+    from lpu.compiler.chains import Ctx, sxm_rows
+    from lpu.compiler.chainspec import FIELDS, Flat
+    from lpu.compiler.lower_common import sxm_chain
+    from lpu.isa.dtypes import DTYPE_CODE
+    dtype = {1: "i8", 2: "f16", 4: "f32"}[w]
+    ns = tsp.mem_slices
+    srcs = [0, ns // 2 + 3, 100, 3000, ns - 1, 7 * ns + 1]    # both hemispheres, both directions
+    dsts = [ns - 2, 5, 4000, 1, ns // 2, 9]
+    params = [3, 0, 7, 3, 1, 2]
+    want_ctx = Ctx(tsp, SlotAllocator(tsp), Registry())
+    lw = SimpleNamespace(ctx=want_ctx, chains=[])
+    node = SimpleNamespace(line=5, id=9)
+    for s, d, p in zip(srcs, dsts, params):
+        sxm_chain(lw, node, O.PERMUTE, s, d, dtype, p)
+    want = Flat()
+    for ch in lw.chains:
+        want.extend(ch)
+    ctx = Ctx(tsp, SlotAllocator(tsp), Registry())
+    got = sxm_rows(ctx, 5, 9, O.PERMUTE, srcs, dsts, w, DTYPE_CODE[dtype], params)
+    for f in FIELDS:
+        assert getattr(got, f) == getattr(want, f), f
+    assert ctx.reg.hints == want_ctx.reg.hints
+
+
 def test_builder_exposes_its_groups_and_takes_hand_built_instructions(tsp):
     from lpu.compiler.alloc import SlotAllocator
     from lpu.compiler.chains import ChainBuilder, Ctx
