@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.alloc import slot_place
-from lpu.compiler.chainspec import GROUP_COLS, INS_COLS, Flat, Ins, Registry
+from lpu.compiler.chainspec import GROUP_COLS, INS_COLS, Flat, Ins, Registry, Rows
 from lpu.isa import opcodes as O
 from lpu.isa.opcodes import NARGS
 from lpu.isa.machine import EAST, MXM_ACC, MXM_CTL, MXM_LW, WEST
@@ -244,13 +244,13 @@ class ChainBuilder:
 
 
 def lw_rows(ctx: Ctx, line: int, node: int, plane: int, srcs, w: int, pos: int, dt: int, cvt: int,
-            after, mark) -> Flat:
+            after, mark) -> Rows:
     """One chain per weight row r (READ the w planes at srcs[r], LW row r on `plane`), built
     at once with numpy: the same chains as ChainBuilder.read + lw, row by row."""
-    c, f = ctx, Flat()
+    c = ctx
     n = len(srcs)
     if n == 0:
-        return f
+        return Rows()
     src = np.asarray(srcs, np.int64)
     spos = np.asarray(c.slice_pos, np.int64)
     east = pos > spos[src % c.nslices]
@@ -277,27 +277,23 @@ def lw_rows(ctx: Ctx, line: int, node: int, plane: int, srcs, w: int, pos: int, 
     cnt[:, :w, 1] = 1
     am = [[(c.reg.marker(key), d) for key, d in x] for x in (after, mark)]
     cnt[:, w, 3], cnt[:, w, 4] = len(am[0]), len(am[1])
-    f.chains.extend(np.tile(np.array([k, 1, -1, 0, line, node], np.int64), n).tolist())
     grp = np.empty((n, 3), np.int64)
     grp[:, 0], grp[:, 1], grp[:, 2] = np.where(east, EAST, WEST), np.where(east, -pos, pos), w
-    f.groups.extend(grp.ravel().tolist())
-    f.ins.extend(np.concatenate([qg[:, :, None], off[:, :, None], op[:, :, None], bk[:, :, None], args, cnt],
-                                axis=2).ravel().tolist())
-    f.p_data.extend(patch.ravel().tolist())
-    f.r_data.extend(g.ravel().tolist())
-    f.a_data.extend([v for p in am[0] for v in p] * n)
-    f.m_data.extend([v for p in am[1] for v in p] * n)
-    return f
+    return Rows(chains=np.tile(np.array([k, 1, -1, 0, line, node], np.int64), n), groups=grp,
+                ins=np.concatenate([qg[:, :, None], off[:, :, None], op[:, :, None], bk[:, :, None], args, cnt],
+                                   axis=2),
+                p_data=patch, r_data=g, a_data=np.tile(np.asarray(am[0], np.int64).reshape(-1), n),
+                m_data=np.tile(np.asarray(am[1], np.int64).reshape(-1), n))
 
 
-def sxm_rows(ctx: Ctx, line: int, node: int, op: int, srcs, dsts, w: int, dt: int, params) -> Flat:
+def sxm_rows(ctx: Ctx, line: int, node: int, op: int, srcs, dsts, w: int, dt: int, params) -> Rows:
     """One chain per entry i (READ the w planes at srcs[i], SXM op with params[i] on the SXM
     nearest the source, WRITE to dsts[i]), built at once with numpy: the same chains as
     lower_common.sxm_chain, entry by entry."""
-    c, f = ctx, Flat()
+    c = ctx
     n = len(srcs)
     if n == 0:
-        return f
+        return Rows()
     m = c.m
     src = np.asarray(srcs, np.int64)
     dst = np.asarray(dsts, np.int64)
@@ -342,10 +338,4 @@ def sxm_rows(ctx: Ctx, line: int, node: int, op: int, srcs, dsts, w: int, dt: in
     grp[:, 0, 0], grp[:, 0, 1] = np.where(east_r, EAST, WEST), np.where(east_r, -pos, pos)
     grp[:, 1, 0], grp[:, 1, 1] = np.where(east_w, EAST, WEST), np.where(east_w, lat - pos, lat + pos)
     grp[:, :, 2] = w
-    f.chains.extend(ch.ravel().tolist())
-    f.groups.extend(grp.ravel().tolist())
-    f.ins.extend(ins.ravel().tolist())
-    f.p_data.extend(patch.ravel().tolist())
-    f.r_data.extend(gr.ravel().tolist())
-    f.w_data.extend(gw.ravel().tolist())
-    return f
+    return Rows(chains=ch, groups=grp, ins=ins, p_data=patch, r_data=gr, w_data=gw)

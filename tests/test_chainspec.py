@@ -111,7 +111,7 @@ def test_lw_rows_builds_the_chains_of_read_and_lw_row_by_row(tsp, w, cvt):
         want.extend(cb.chain())
     got = lw_rows(ctx, 5, 9, 2, srcs, w, pos, 3, cvt, after, mark)
     for f in FIELDS:
-        assert getattr(got, f) == getattr(want, f), f
+        assert np.array_equal(got.rows()[f], want.rows()[f]), f
 
 
 @pytest.mark.parametrize("w", [1, 2, 4])
@@ -138,7 +138,7 @@ def test_sxm_rows_builds_the_chains_of_sxm_chain_one_by_one(tsp, w):
     ctx = Ctx(tsp, SlotAllocator(tsp), Registry())
     got = sxm_rows(ctx, 5, 9, O.PERMUTE, srcs, dsts, w, DTYPE_CODE[dtype], params)
     for f in FIELDS:
-        assert getattr(got, f) == getattr(want, f), f
+        assert np.array_equal(got.rows()[f], want.rows()[f]), f
     assert ctx.reg.hints == want_ctx.reg.hints
 
 
@@ -154,3 +154,23 @@ def test_builder_exposes_its_groups_and_takes_hand_built_instructions(tsp):
     a = encode([cb.chain()], ctx.reg)
     assert a.n_ins == 3 and a.op.tolist() == [O.READ, O.READ, O.SHIFT] and a.off[2] == 7
     assert a.a_data.tolist() == [[ctx.reg.markers[("m",)], 1]] and a.p_data[2].tolist() == [0, 1, 0, 3]
+
+
+def test_encode_keeps_the_order_of_mixed_flat_and_rows_batches(tsp):
+    from dataclasses import fields
+    from types import SimpleNamespace
+    from lpu.compiler.alloc import SlotAllocator
+    from lpu.compiler.chains import Ctx, sxm_rows
+    from lpu.compiler.lower_common import sxm_chain
+    from lpu.isa.dtypes import DT_F16
+    ctx = Ctx(tsp, SlotAllocator(tsp), Registry())
+    lw = SimpleNamespace(ctx=ctx, chains=[])
+    node = SimpleNamespace(line=2, id=3)
+    srcs, dsts = [0, 40, 7, 90], [5, 6, 300, 2]
+    for s, d in zip(srcs, dsts):
+        sxm_chain(lw, node, O.PERMUTE, s, d, "f16", 1)
+    flats = lw.chains
+    mixed = [flats[0], sxm_rows(ctx, 2, 3, O.PERMUTE, srcs[1:3], dsts[1:3], 2, DT_F16, [1, 1]), flats[3]]
+    a, b = encode(flats, ctx.reg), encode(mixed, ctx.reg)
+    for f in fields(a):
+        assert np.array_equal(getattr(a, f.name), getattr(b, f.name)), f.name
