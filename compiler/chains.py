@@ -74,6 +74,9 @@ class Ctx:
         return self.m.slice_hemisphere(slot % self.nslices)
 
 
+_READ, _WRITE = O.READ, O.WRITE
+
+
 def _dir_to(src: int, dst: int) -> int:
     return EAST if dst > src else WEST
 
@@ -129,12 +132,6 @@ class ChainBuilder:
                 seen.add((b, o))
         return False
 
-    @property
-    def groups(self) -> list:
-        """The chain's stream groups so far, as (direction, koff, width)."""
-        g = self.f.groups
-        return [tuple(g[i:i + 3]) for i in range(0, len(g), 3)]
-
     def chain(self) -> Flat:
         f, h = self.f, self.hint
         f.end_chain(self.reg.hint(h[0]) if h else -1, h[1] if h else 0, self.line, self.node)
@@ -157,33 +154,34 @@ class ChainBuilder:
         """READ the w planes of the vector at `base` so they reach position `dest` at offset
         `arrive`; returns the stream group."""
         c, f = self.c, self.f
-        s0 = base % c.nslices
-        d = _dir_to(c.slice_pos[s0], dest)
-        gi = f.add_group(d, _koff(d, arrive, dest), w)
+        ns, nb, spos, qg, tail = c.nslices, c.banks, c.slice_pos, c.mem_qg, c.read_tail
+        d = EAST if dest > spos[base % ns] else WEST
+        gi = f.add_group(d, arrive - dest if d == EAST else arrive + dest, w)
+        ins, pd = f.ins, f.p_data
+        off0 = arrive - c.lat_read
         for b in range(w):
             g = base + b
-            s, bank, addr = slot_place(g, c.nslices, c.banks)
-            off = arrive - abs(dest - c.slice_pos[s]) - c.lat_read
-            f.ins.extend((c.mem_qg[s], off, O.READ, s * c.banks + bank, bank, addr))
-            f.ins.extend(c.read_tail)
-            f.p_data.extend((2, gi, b, 0))
-            f.r_data.append(g)
+            s, row = g % ns, g // ns          # slot_place, inlined
+            bank = row % nb
+            ins.extend((qg[s], off0 - abs(dest - spos[s]), _READ, s * nb + bank, bank, row // nb) + tail)
+            pd.extend((2, gi, b, 0))
+        f.r_data.extend(range(base, base + w))
         return gi
 
     def write(self, base: int, w: int, src: int, produce: int) -> int:
         """WRITE w planes at `base`, produced at position `src` at offset `produce`."""
         c, f = self.c, self.f
-        s0 = base % c.nslices
-        d = _dir_to(src, c.slice_pos[s0])
-        gi = f.add_group(d, _koff(d, produce, src), w)
+        ns, nb, spos, qg, tail = c.nslices, c.banks, c.slice_pos, c.mem_qg, c.write_tail
+        d = EAST if spos[base % ns] > src else WEST
+        gi = f.add_group(d, produce - src if d == EAST else produce + src, w)
+        ins, pd = f.ins, f.p_data
         for b in range(w):
             g = base + b
-            s, bank, addr = slot_place(g, c.nslices, c.banks)
-            off = produce + abs(c.slice_pos[s] - src)
-            f.ins.extend((c.mem_qg[s], off, O.WRITE, s * c.banks + bank, bank, addr))
-            f.ins.extend(c.write_tail)
-            f.p_data.extend((2, gi, b, 0))
-            f.w_data.append(g)
+            s, row = g % ns, g // ns          # slot_place, inlined
+            bank = row % nb
+            ins.extend((qg[s], produce + abs(spos[s] - src), _WRITE, s * nb + bank, bank, row // nb) + tail)
+            pd.extend((2, gi, b, 0))
+        f.w_data.extend(range(base, base + w))
         return gi
 
     # ---- VXM -----------------------------------------------------------------------------------

@@ -174,3 +174,47 @@ def test_encode_keeps_the_order_of_mixed_flat_and_rows_batches(tsp):
     a, b = encode(flats, ctx.reg), encode(mixed, ctx.reg)
     for f in fields(a):
         assert np.array_equal(getattr(a, f.name), getattr(b, f.name)), f.name
+
+
+@pytest.mark.parametrize("dts,imm", [(("f32", "f32", "f32"), 0), (("f16", "f32", "f16"), 0), (("i8", None, "i8"), 7)])
+def test_vxm_rows_builds_the_chains_of_vxm_chain_one_by_one(tsp, dts, imm):
+    """Plain vectors in batches; a shared READ and a bank collision (staged) one by one, in order."""
+    from dataclasses import fields
+    from lpu.compiler.alloc import SlotAllocator, layout
+    from lpu.compiler.chains import Ctx
+    from lpu.compiler.lower_common import vxm_chain, vxm_rows
+    from lpu.isa.dtypes import dtype_width
+
+    class LW:
+        def __init__(self):
+            self.alloc = SlotAllocator(tsp)
+            self.alloc.alloc(50000, "operands")
+            self.ctx, self.chains, self.lanes = Ctx(tsp, self.alloc, Registry()), [], tsp.lanes
+
+        def temp(self, shape, dtype):
+            n = shape[-1] // self.lanes * dtype_width(dtype)
+            start = self.alloc.alloc(n, "t")
+            return layout(start, shape, dtype_width(dtype), self.lanes, False), (start, n)
+
+        def free_temp(self, region):
+            self.alloc.release(*region)
+
+    ns, nb = tsp.mem_slices, tsp.banks_per_slice
+    a = [0, 8, 40, 100, 3000, 12]
+    b = [16, 8, 40 + ns * nb, 200, 7, 900] if dts[1] else None      # row 1 shared (same width), row 2 collides
+    outs = [20000, 20004, 20008, 20012, 20016, 20020]
+    nvs = [tsp.lanes, 5, tsp.lanes, 1, 0, tsp.lanes]
+    node = type("N", (), {"line": 4, "id": 2})()
+    op = O.VXM_BINARY["ADD"]
+    bimm = 1 if b is None else 0
+    want, got = LW(), LW()
+    for i in range(len(a)):
+        vxm_chain(want, node, op, outs[i], dts[2], nvs[i], (a[i], dts[0]), (b[i], dts[1]) if b else None,
+                  imm=imm, bimm=bimm)
+    vxm_rows(got, node, op, outs, dts[2], nvs, (np.asarray(a), dts[0]), (np.asarray(b), dts[1]) if b else None,
+             imm=imm, bimm=bimm)
+    assert len(got.chains) > 1 or b is None
+    x, y = encode(want.chains, want.ctx.reg), encode(got.chains, got.ctx.reg)
+    assert len(x.ins_ptr) - 1 > len(a) or b is None                  # a collision was staged
+    for f in fields(x):
+        assert np.array_equal(getattr(x, f.name), getattr(y, f.name)), f.name
