@@ -135,12 +135,12 @@ def lane_step_chain(lw, node, sop, shifts, src, vop, dst, cdt, out_dt, nv):
 
 def copy(lw, srcn, src_grid, dst_grid, dtype, node):
     """Copy (converting to `dtype`) every vector of src_grid into dst_grid."""
-    conv = O.VXM_UNARY["CONV"]
-    src_grid = np.broadcast_to(src_grid, dst_grid.shape)
-    shape = srcn.shape
-    for idx in np.ndindex(dst_grid.shape):
-        vxm_chain(lw, node, conv, int(dst_grid[idx]), dtype, nv_of(shape, lw.lanes, idx[-1]),
-                  (int(src_grid[idx]), srcn.dtype))
+    src_grid = np.broadcast_to(src_grid, dst_grid.shape).reshape(-1)
+    nvs = np.broadcast_to(nv_chunks(srcn.shape, lw.lanes, dst_grid.shape[-1]), dst_grid.shape).reshape(-1)
+    vxm_rows(lw, node, O.VXM_UNARY["CONV"], dst_grid.reshape(-1), dtype, nvs, (src_grid, srcn.dtype))
+
+
+FEW = 24       # below this many vectors, vxm_rows builds them one by one
 
 
 def vxm_rows(lw, node, op, outs, out_dt, nvs, a=None, b=None, imm=0, bimm=0, cut=0):
@@ -150,9 +150,13 @@ def vxm_rows(lw, node, op, outs, out_dt, nvs, a=None, b=None, imm=0, bimm=0, cut
     c = lw.ctx
     outs = np.asarray(outs, np.int64)
     n = len(outs)
-    if n == 0:
-        return
     nvs = np.asarray(nvs, np.int64)
+    if n < FEW:                  # numpy's fixed costs would outweigh the work: one by one
+        for i in range(n):
+            vxm_chain(lw, node, op, int(outs[i]), out_dt, int(nvs[i]),
+                      None if a is None else (int(a[0][i]), a[1]), None if b is None else (int(b[0][i]), b[1]),
+                      imm, bimm, cut)
+        return
     opnds = [(np.asarray(x[0], np.int64), x[1]) for x in (a, b) if x is not None]
     special = np.zeros(n, bool)
     if a is not None and b is not None and dtype_width(a[1]) == dtype_width(b[1]):
@@ -187,7 +191,8 @@ def vxm_rows(lw, node, op, outs, out_dt, nvs, a=None, b=None, imm=0, bimm=0, cut
     x[:, :, 4 + NARGS], x[:, :, 6 + NARGS] = 1, 1
     ins.append(x)
     east = spos[outs % ns] > vpos
-    grp.append(np.stack([np.where(east, EAST, WEST), np.where(east, lat - vpos, lat + vpos), np.full(n, wo)], 1)[:, None])
+    grp.append(np.stack([np.where(east, EAST, WEST), np.where(east, lat - vpos, lat + vpos),
+                         np.full(n, wo)], 1)[:, None])
     p = np.zeros((n, wo, 4), np.int64)
     p[:, :, 0], p[:, :, 1], p[:, :, 2] = 2, go, np.arange(wo)[None, :]
     pat.append(p)

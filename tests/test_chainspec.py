@@ -177,9 +177,11 @@ def test_encode_keeps_the_order_of_mixed_flat_and_rows_batches(tsp):
 
 
 @pytest.mark.parametrize("dts,imm", [(("f32", "f32", "f32"), 0), (("f16", "f32", "f16"), 0), (("i8", None, "i8"), 7)])
-def test_vxm_rows_builds_the_chains_of_vxm_chain_one_by_one(tsp, dts, imm):
+def test_vxm_rows_builds_the_chains_of_vxm_chain_one_by_one(tsp, dts, imm, monkeypatch):
     """Plain vectors in batches; a shared READ and a bank collision (staged) one by one, in order."""
     from dataclasses import fields
+    from lpu.compiler import lower_common
+    monkeypatch.setattr(lower_common, "FEW", 0)          # the batch path even for a few vectors
     from lpu.compiler.alloc import SlotAllocator, layout
     from lpu.compiler.chains import Ctx
     from lpu.compiler.lower_common import vxm_chain, vxm_rows
