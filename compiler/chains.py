@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.alloc import slot_place
-from lpu.compiler.chainspec import GROUP_COLS, INS_COLS, Flat, Ins, Registry, Rows
+from lpu.compiler.chainspec import CHAIN_COLS, GROUP_COLS, INS_COLS, Flat, Ins, Registry, Rows
 from lpu.isa import opcodes as O
 from lpu.isa.opcodes import NARGS
 from lpu.isa.machine import EAST, MXM_ACC, MXM_CTL, MXM_LW, WEST
@@ -29,6 +29,7 @@ class Ctx:
         self.nslices = m.mem_slices
         self.banks = m.banks_per_slice
         self.slice_pos = [m.slice_pos(s) for s in range(m.mem_slices)]
+        self.slice_pos_a = np.asarray(self.slice_pos, np.int64)
         self.mem_q = [(m.mem_queue(s, 0), m.mem_queue(s, 1)) for s in range(m.mem_slices)]
         self.vxm_q = tuple(m.vxm_queue(a) for a in range(m.vxm_alus))
         self.sxm_q = [tuple(m.sxm_queue(h, i) for i in range(m.sxm_queues_per_hemisphere)) for h in range(2)]
@@ -36,6 +37,7 @@ class Ctx:
         self.ctl_q = [m.mxm_queue(p, MXM_CTL) for p in range(m.mxm_planes)]
         self.acc_q = [m.mxm_queue(p, MXM_ACC) for p in range(m.mxm_planes)]
         self.mem_qg = [reg.qgroup(q) for q in self.mem_q]        # the same as registry ids
+        self.mem_qg_a = np.asarray(self.mem_qg, np.int64)
         self.vxm_qg = reg.qgroup(self.vxm_q)
         self.sxm_qg = [reg.qgroup(q) for q in self.sxm_q]
         self.lw_qg = [reg.qgroup(q) for q in self.lw_q]
@@ -250,38 +252,34 @@ def lw_rows(ctx: Ctx, line: int, node: int, plane: int, srcs, w: int, pos: int, 
     if n == 0:
         return Rows()
     src = np.asarray(srcs, np.int64)
-    spos = np.asarray(c.slice_pos, np.int64)
+    spos = c.slice_pos_a
     east = pos > spos[src % c.nslices]
     k = w + 1                                                    # instructions per chain
     g = src[:, None] + np.arange(w)[None, :]                     # [n, w] plane slots
-    s, bank, addr = slot_place(g, c.nslices, c.banks)
-    qg = np.empty((n, k), np.int64)
-    qg[:, :w] = np.asarray(c.mem_qg, np.int64)[s]
-    qg[:, w] = c.lw_qg[plane]
-    off = np.zeros((n, k), np.int64)
-    off[:, :w] = -np.abs(pos - spos[s]) - c.lat[O.READ]
-    op = np.full((n, k), O.READ, np.int64)
-    op[:, w] = O.LW
-    bk = np.full((n, k), -1, np.int64)
-    bk[:, :w] = s * c.banks + bank
-    args = np.zeros((n, k, NARGS), np.int64)
-    args[:, :w, 0], args[:, :w, 1] = bank, addr
-    args[:, w, 0], args[:, w, 2] = np.arange(n), cvt
+    s, row = g % c.nslices, g // c.nslices                       # slot_place
+    bank = row % c.banks
+    ins = np.zeros((n, k, INS_COLS), np.int64)
+    ins[:, :w, 0], ins[:, w, 0] = c.mem_qg_a[s], c.lw_qg[plane]
+    ins[:, :w, 1] = -np.abs(pos - spos[s]) - c.lat_read
+    ins[:, :w, 2], ins[:, w, 2] = O.READ, O.LW
+    ins[:, :w, 3], ins[:, w, 3] = s * c.banks + bank, -1
+    ins[:, :w, 4], ins[:, :w, 5] = bank, row // c.banks          # READ bank, address
+    ins[:, w, 4], ins[:, w, 6] = np.arange(n), cvt               # LW row, cvt
+    cnt = 4 + NARGS                                              # patch, read, write, after, mark, extra
+    am = [[(c.reg.marker(key), d) for key, d in x] for x in (after, mark)]
+    ins[:, :, cnt] = 1
+    ins[:, :w, cnt + 1] = 1
+    ins[:, w, cnt + 3], ins[:, w, cnt + 4] = len(am[0]), len(am[1])
     patch = np.zeros((n, k, 4), np.int64)
     patch[:, :w, 0], patch[:, :w, 2] = 2, np.arange(w)[None, :]
     patch[:, w, 0], patch[:, w, 3] = 1, dt
-    cnt = np.zeros((n, k, 6), np.int64)                          # patch, read, write, after, mark, extra
-    cnt[:, :, 0] = 1
-    cnt[:, :w, 1] = 1
-    am = [[(c.reg.marker(key), d) for key, d in x] for x in (after, mark)]
-    cnt[:, w, 3], cnt[:, w, 4] = len(am[0]), len(am[1])
+    ch = np.empty((n, CHAIN_COLS), np.int64)
+    ch[:] = (k, 1, -1, 0, line, node)
     grp = np.empty((n, 3), np.int64)
     grp[:, 0], grp[:, 1], grp[:, 2] = np.where(east, EAST, WEST), np.where(east, -pos, pos), w
-    return Rows(chains=np.tile(np.array([k, 1, -1, 0, line, node], np.int64), n), groups=grp,
-                ins=np.concatenate([qg[:, :, None], off[:, :, None], op[:, :, None], bk[:, :, None], args, cnt],
-                                   axis=2),
-                p_data=patch, r_data=g, a_data=np.tile(np.asarray(am[0], np.int64).reshape(-1), n),
-                m_data=np.tile(np.asarray(am[1], np.int64).reshape(-1), n))
+    return Rows(chains=ch, groups=grp, ins=ins, p_data=patch, r_data=g,
+                a_data=np.tile(np.asarray(am[0], np.int64).reshape(-1), n) if am[0] else None,
+                m_data=np.tile(np.asarray(am[1], np.int64).reshape(-1), n) if am[1] else None)
 
 
 def sxm_rows(ctx: Ctx, line: int, node: int, op: int, srcs, dsts, w: int, dt: int, params) -> Rows:
@@ -295,7 +293,7 @@ def sxm_rows(ctx: Ctx, line: int, node: int, op: int, srcs, dsts, w: int, dt: in
     m = c.m
     src = np.asarray(srcs, np.int64)
     dst = np.asarray(dsts, np.int64)
-    spos_all = np.asarray(c.slice_pos, np.int64)
+    spos_all = c.slice_pos_a
     h = (src % c.nslices >= m.mem_slices_per_hemisphere).astype(np.int64)      # sxm_near
     ids = {hh: c.reg.hint(("sxm", hh)) for hh in dict.fromkeys(h.tolist())}    # in order of first use
     hid = np.asarray([ids.get(0, -1), ids.get(1, -1)], np.int64)[h]
@@ -306,7 +304,7 @@ def sxm_rows(ctx: Ctx, line: int, node: int, op: int, srcs, dsts, w: int, dt: in
     gw = dst[:, None] + np.arange(w)[None, :]                    # [n, w] plane slots written
     sr, br, ar = slot_place(gr, c.nslices, c.banks)
     sw, bw, aw = slot_place(gw, c.nslices, c.banks)
-    mem_qg = np.asarray(c.mem_qg, np.int64)
+    mem_qg = c.mem_qg_a
     sxm_qg = np.asarray(c.sxm_qg, np.int64)
     ins = np.zeros((n, k, INS_COLS), np.int64)
     cnt = 4 + NARGS

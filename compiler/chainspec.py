@@ -184,6 +184,7 @@ class Flat:
 
 
 FIELD_COLS = dict(zip(FIELDS, (CHAIN_COLS, GROUP_COLS, INS_COLS) + tuple(ENTRY_COLS.values())))
+_EMPTY = {name: np.zeros((0, cols), np.int64) for name, cols in FIELD_COLS.items()}    # never written
 
 
 class Rows:
@@ -195,8 +196,7 @@ class Rows:
     def __init__(self, **fields):
         for name, cols in FIELD_COLS.items():
             x = fields.get(name)
-            setattr(self, name, np.zeros((0, cols), np.int64) if x is None else
-                    np.asarray(x, np.int64).reshape(-1, cols))
+            setattr(self, name, _EMPTY[name] if x is None else np.asarray(x, np.int64).reshape(-1, cols))
 
     @property
     def n_ins(self) -> int:

@@ -162,8 +162,7 @@ def vxm_rows(lw, node, op, outs, out_dt, nvs, a=None, b=None, imm=0, bimm=0, cut
     if a is not None and b is not None and dtype_width(a[1]) == dtype_width(b[1]):
         special |= opnds[0][0] == opnds[1][0]
     vpos, ns, nb = c.m.vxm_pos, c.nslices, c.banks
-    spos = np.asarray(c.slice_pos, np.int64)
-    mem_qg = np.asarray(c.mem_qg, np.int64)
+    spos, mem_qg = c.slice_pos_a, c.mem_qg_a
     lat = c.lat[op]
     wo, dto = dtype_width(out_dt), DTYPE_CODE[out_dt]
     ins, grp, pat, rd = [], [], [], []
