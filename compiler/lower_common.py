@@ -28,7 +28,7 @@ def nv_of(shape, lanes, chunk) -> int:
 def nv_chunks(shape, lanes, chunks) -> np.ndarray:
     """nv_of for chunks 0 .. chunks-1."""
     c = shape[-1] if shape else 1
-    return np.clip(c - np.arange(chunks) * lanes, 0, lanes)
+    return np.minimum(np.maximum(c - np.arange(chunks) * lanes, 0), lanes)
 
 
 def vxm_chain(lw, node, op, out_base, out_dt, nv, a=None, b=None, imm=0, bimm=0, cut=0):
