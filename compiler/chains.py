@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.alloc import slot_place
-from lpu.compiler.chainspec import GROUP_COLS, INS_COLS, Flat, Ins, Registry
+from lpu.compiler.chainspec import CHAIN_COLS, GROUP_COLS, INS_COLS, Flat, Ins, Registry, Rows
 from lpu.isa import opcodes as O
 from lpu.isa.opcodes import NARGS
 from lpu.isa.machine import EAST, MXM_ACC, MXM_CTL, MXM_LW, WEST
@@ -29,6 +29,7 @@ class Ctx:
         self.nslices = m.mem_slices
         self.banks = m.banks_per_slice
         self.slice_pos = [m.slice_pos(s) for s in range(m.mem_slices)]
+        self.slice_pos_a = np.asarray(self.slice_pos, np.int64)
         self.mem_q = [(m.mem_queue(s, 0), m.mem_queue(s, 1)) for s in range(m.mem_slices)]
         self.vxm_q = tuple(m.vxm_queue(a) for a in range(m.vxm_alus))
         self.sxm_q = [tuple(m.sxm_queue(h, i) for i in range(m.sxm_queues_per_hemisphere)) for h in range(2)]
@@ -36,6 +37,7 @@ class Ctx:
         self.ctl_q = [m.mxm_queue(p, MXM_CTL) for p in range(m.mxm_planes)]
         self.acc_q = [m.mxm_queue(p, MXM_ACC) for p in range(m.mxm_planes)]
         self.mem_qg = [reg.qgroup(q) for q in self.mem_q]        # the same as registry ids
+        self.mem_qg_a = np.asarray(self.mem_qg, np.int64)
         self.vxm_qg = reg.qgroup(self.vxm_q)
         self.sxm_qg = [reg.qgroup(q) for q in self.sxm_q]
         self.lw_qg = [reg.qgroup(q) for q in self.lw_q]
@@ -72,6 +74,9 @@ class Ctx:
     def sxm_near(self, slot: int) -> int:
         """The SXM on the hemisphere of a plane slot: its data needs the fewest hops."""
         return self.m.slice_hemisphere(slot % self.nslices)
+
+
+_READ, _WRITE = O.READ, O.WRITE
 
 
 def _dir_to(src: int, dst: int) -> int:
@@ -151,33 +156,34 @@ class ChainBuilder:
         """READ the w planes of the vector at `base` so they reach position `dest` at offset
         `arrive`; returns the stream group."""
         c, f = self.c, self.f
-        s0 = base % c.nslices
-        d = _dir_to(c.slice_pos[s0], dest)
-        gi = f.add_group(d, _koff(d, arrive, dest), w)
+        ns, nb, spos, qg, tail = c.nslices, c.banks, c.slice_pos, c.mem_qg, c.read_tail
+        d = EAST if dest > spos[base % ns] else WEST
+        gi = f.add_group(d, arrive - dest if d == EAST else arrive + dest, w)
+        ins, pd = f.ins, f.p_data
+        off0 = arrive - c.lat_read
         for b in range(w):
             g = base + b
-            s, bank, addr = slot_place(g, c.nslices, c.banks)
-            off = arrive - abs(dest - c.slice_pos[s]) - c.lat_read
-            f.ins.extend((c.mem_qg[s], off, O.READ, s * c.banks + bank, bank, addr))
-            f.ins.extend(c.read_tail)
-            f.p_data.extend((2, gi, b, 0))
-            f.r_data.append(g)
+            s, row = g % ns, g // ns          # slot_place, inlined
+            bank = row % nb
+            ins.extend((qg[s], off0 - abs(dest - spos[s]), _READ, s * nb + bank, bank, row // nb) + tail)
+            pd.extend((2, gi, b, 0))
+        f.r_data.extend(range(base, base + w))
         return gi
 
     def write(self, base: int, w: int, src: int, produce: int) -> int:
         """WRITE w planes at `base`, produced at position `src` at offset `produce`."""
         c, f = self.c, self.f
-        s0 = base % c.nslices
-        d = _dir_to(src, c.slice_pos[s0])
-        gi = f.add_group(d, _koff(d, produce, src), w)
+        ns, nb, spos, qg, tail = c.nslices, c.banks, c.slice_pos, c.mem_qg, c.write_tail
+        d = EAST if spos[base % ns] > src else WEST
+        gi = f.add_group(d, produce - src if d == EAST else produce + src, w)
+        ins, pd = f.ins, f.p_data
         for b in range(w):
             g = base + b
-            s, bank, addr = slot_place(g, c.nslices, c.banks)
-            off = produce + abs(c.slice_pos[s] - src)
-            f.ins.extend((c.mem_qg[s], off, O.WRITE, s * c.banks + bank, bank, addr))
-            f.ins.extend(c.write_tail)
-            f.p_data.extend((2, gi, b, 0))
-            f.w_data.append(g)
+            s, row = g % ns, g // ns          # slot_place, inlined
+            bank = row % nb
+            ins.extend((qg[s], produce + abs(spos[s] - src), _WRITE, s * nb + bank, bank, row // nb) + tail)
+            pd.extend((2, gi, b, 0))
+        f.w_data.extend(range(base, base + w))
         return gi
 
     # ---- VXM -----------------------------------------------------------------------------------
@@ -238,47 +244,94 @@ class ChainBuilder:
 
 
 def lw_rows(ctx: Ctx, line: int, node: int, plane: int, srcs, w: int, pos: int, dt: int, cvt: int,
-            after, mark) -> Flat:
+            after, mark) -> Rows:
     """One chain per weight row r (READ the w planes at srcs[r], LW row r on `plane`), built
     at once with numpy: the same chains as ChainBuilder.read + lw, row by row."""
-    c, f = ctx, Flat()
+    c = ctx
     n = len(srcs)
     if n == 0:
-        return f
+        return Rows()
     src = np.asarray(srcs, np.int64)
-    spos = np.asarray(c.slice_pos, np.int64)
+    spos = c.slice_pos_a
     east = pos > spos[src % c.nslices]
     k = w + 1                                                    # instructions per chain
     g = src[:, None] + np.arange(w)[None, :]                     # [n, w] plane slots
-    s, bank, addr = slot_place(g, c.nslices, c.banks)
-    qg = np.empty((n, k), np.int64)
-    qg[:, :w] = np.asarray(c.mem_qg, np.int64)[s]
-    qg[:, w] = c.lw_qg[plane]
-    off = np.zeros((n, k), np.int64)
-    off[:, :w] = -np.abs(pos - spos[s]) - c.lat[O.READ]
-    op = np.full((n, k), O.READ, np.int64)
-    op[:, w] = O.LW
-    bk = np.full((n, k), -1, np.int64)
-    bk[:, :w] = s * c.banks + bank
-    args = np.zeros((n, k, NARGS), np.int64)
-    args[:, :w, 0], args[:, :w, 1] = bank, addr
-    args[:, w, 0], args[:, w, 2] = np.arange(n), cvt
+    s, row = g % c.nslices, g // c.nslices                       # slot_place
+    bank = row % c.banks
+    ins = np.zeros((n, k, INS_COLS), np.int64)
+    ins[:, :w, 0], ins[:, w, 0] = c.mem_qg_a[s], c.lw_qg[plane]
+    ins[:, :w, 1] = -np.abs(pos - spos[s]) - c.lat_read
+    ins[:, :w, 2], ins[:, w, 2] = O.READ, O.LW
+    ins[:, :w, 3], ins[:, w, 3] = s * c.banks + bank, -1
+    ins[:, :w, 4], ins[:, :w, 5] = bank, row // c.banks          # READ bank, address
+    ins[:, w, 4], ins[:, w, 6] = np.arange(n), cvt               # LW row, cvt
+    cnt = 4 + NARGS                                              # patch, read, write, after, mark, extra
+    am = [[(c.reg.marker(key), d) for key, d in x] for x in (after, mark)]
+    ins[:, :, cnt] = 1
+    ins[:, :w, cnt + 1] = 1
+    ins[:, w, cnt + 3], ins[:, w, cnt + 4] = len(am[0]), len(am[1])
     patch = np.zeros((n, k, 4), np.int64)
     patch[:, :w, 0], patch[:, :w, 2] = 2, np.arange(w)[None, :]
     patch[:, w, 0], patch[:, w, 3] = 1, dt
-    cnt = np.zeros((n, k, 6), np.int64)                          # patch, read, write, after, mark, extra
-    cnt[:, :, 0] = 1
-    cnt[:, :w, 1] = 1
-    am = [[(c.reg.marker(key), d) for key, d in x] for x in (after, mark)]
-    cnt[:, w, 3], cnt[:, w, 4] = len(am[0]), len(am[1])
-    f.chains.extend(np.tile(np.array([k, 1, -1, 0, line, node], np.int64), n).tolist())
+    ch = np.empty((n, CHAIN_COLS), np.int64)
+    ch[:] = (k, 1, -1, 0, line, node)
     grp = np.empty((n, 3), np.int64)
     grp[:, 0], grp[:, 1], grp[:, 2] = np.where(east, EAST, WEST), np.where(east, -pos, pos), w
-    f.groups.extend(grp.ravel().tolist())
-    f.ins.extend(np.concatenate([qg[:, :, None], off[:, :, None], op[:, :, None], bk[:, :, None], args, cnt],
-                                axis=2).ravel().tolist())
-    f.p_data.extend(patch.ravel().tolist())
-    f.r_data.extend(g.ravel().tolist())
-    f.a_data.extend([v for p in am[0] for v in p] * n)
-    f.m_data.extend([v for p in am[1] for v in p] * n)
-    return f
+    return Rows(chains=ch, groups=grp, ins=ins, p_data=patch, r_data=g,
+                a_data=np.tile(np.asarray(am[0], np.int64).reshape(-1), n) if am[0] else None,
+                m_data=np.tile(np.asarray(am[1], np.int64).reshape(-1), n) if am[1] else None)
+
+
+def sxm_rows(ctx: Ctx, line: int, node: int, op: int, srcs, dsts, w: int, dt: int, params) -> Rows:
+    """One chain per entry i (READ the w planes at srcs[i], SXM op with params[i] on the SXM
+    nearest the source, WRITE to dsts[i]), built at once with numpy: the same chains as
+    lower_common.sxm_chain, entry by entry."""
+    c = ctx
+    n = len(srcs)
+    if n == 0:
+        return Rows()
+    m = c.m
+    src = np.asarray(srcs, np.int64)
+    dst = np.asarray(dsts, np.int64)
+    spos_all = c.slice_pos_a
+    h = (src % c.nslices >= m.mem_slices_per_hemisphere).astype(np.int64)      # sxm_near
+    ids = {hh: c.reg.hint(("sxm", hh)) for hh in dict.fromkeys(h.tolist())}    # in order of first use
+    hid = np.asarray([ids.get(0, -1), ids.get(1, -1)], np.int64)[h]
+    pos = np.where(h == 0, m.sxm_pos(0), m.sxm_pos(1))
+    lat = c.lat[op]
+    k = 2 * w + 1                                                # instructions per chain
+    gr = src[:, None] + np.arange(w)[None, :]                    # [n, w] plane slots read
+    gw = dst[:, None] + np.arange(w)[None, :]                    # [n, w] plane slots written
+    sr, br, ar = slot_place(gr, c.nslices, c.banks)
+    sw, bw, aw = slot_place(gw, c.nslices, c.banks)
+    mem_qg = c.mem_qg_a
+    sxm_qg = np.asarray(c.sxm_qg, np.int64)
+    ins = np.zeros((n, k, INS_COLS), np.int64)
+    cnt = 4 + NARGS
+    ins[:, :w, 0], ins[:, w:2 * w, 0], ins[:, 2 * w, 0] = mem_qg[sr], mem_qg[sw], sxm_qg[h]
+    ins[:, :w, 1] = -np.abs(pos[:, None] - spos_all[sr]) - c.lat_read
+    ins[:, w:2 * w, 1] = lat + np.abs(spos_all[sw] - pos[:, None])
+    ins[:, :w, 2], ins[:, w:2 * w, 2], ins[:, 2 * w, 2] = O.READ, O.WRITE, op
+    ins[:, :w, 3], ins[:, w:2 * w, 3], ins[:, 2 * w, 3] = sr * c.banks + br, sw * c.banks + bw, -1
+    ins[:, :w, 4], ins[:, :w, 5] = br, ar
+    ins[:, w:2 * w, 4], ins[:, w:2 * w, 5] = bw, aw
+    ins[:, 2 * w, 6] = np.asarray(params, np.int64)
+    ins[:, :, cnt] = 1
+    ins[:, 2 * w, cnt] = 2
+    ins[:, :w, cnt + 1] = 1
+    ins[:, w:2 * w, cnt + 2] = 1
+    patch = np.zeros((n, 2 * w + 2, 4), np.int64)
+    patch[:, :2 * w, 0] = 2
+    patch[:, w:2 * w, 1] = 1
+    patch[:, :w, 2] = patch[:, w:2 * w, 2] = np.arange(w)[None, :]
+    patch[:, 2 * w + 1, 0] = patch[:, 2 * w + 1, 1] = 1
+    patch[:, 2 * w:, 3] = dt
+    ch = np.empty((n, 6), np.int64)
+    ch[:, 0], ch[:, 1], ch[:, 2], ch[:, 3], ch[:, 4], ch[:, 5] = k, 2, hid, -m.n_positions, line, node
+    east_r = pos > spos_all[src % c.nslices]                     # READ group: source slice -> SXM
+    east_w = spos_all[dst % c.nslices] > pos                     # WRITE group: SXM -> destination
+    grp = np.empty((n, 2, 3), np.int64)
+    grp[:, 0, 0], grp[:, 0, 1] = np.where(east_r, EAST, WEST), np.where(east_r, -pos, pos)
+    grp[:, 1, 0], grp[:, 1, 1] = np.where(east_w, EAST, WEST), np.where(east_w, lat - pos, lat + pos)
+    grp[:, :, 2] = w
+    return Rows(chains=ch, groups=grp, ins=ins, p_data=patch, r_data=gr, w_data=gw)

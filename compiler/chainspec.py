@@ -171,29 +171,69 @@ class Flat:
         """Close a Flat that holds exactly one chain (the one ChainBuilder built)."""
         self.chains.extend((self.n_ins, len(self.groups) // GROUP_COLS, hint, hdelta, line, node))
 
-    def arrays(self) -> "ChainArrays":
-        def rows(name, cols):
+    def rows(self) -> dict:
+        """Each field as a 2-D int64 array (one row per chain, group, instruction or entry)."""
+        out = {}
+        for name, cols in FIELD_COLS.items():
             x = getattr(self, name)
-            return np.fromiter(x, np.int64, len(x)).reshape(-1, cols)
+            out[name] = np.fromiter(x, np.int64, len(x)).reshape(-1, cols)
+        return out
 
-        def ptr(cnt):
-            out = np.zeros(len(cnt) + 1, np.int64)
-            np.cumsum(cnt, out=out[1:])
-            return out
+    def arrays(self) -> "ChainArrays":
+        return _arrays([self.rows()])
 
-        ch, gr, ins = rows("chains", CHAIN_COLS), rows("groups", GROUP_COLS), rows("ins", INS_COLS)
-        cnt = ins[:, 4 + NARGS:]
-        data = {k: rows(f"{k}_data", c) for k, c in ENTRY_COLS.items()}
-        a = ChainArrays(
-            ptr(ch[:, 0]), ptr(ch[:, 1]), ch[:, 2].copy(), ch[:, 3].copy(), ch[:, 4].copy(), ch[:, 5].copy(),
-            gr[:, 0].copy(), gr[:, 1].copy(), gr[:, 2].copy(), ins[:, 0].copy(), ins[:, 1].copy(),
-            ins[:, 2].copy(), ins[:, 3].copy(), ins[:, 4:4 + NARGS].copy(),
-            ptr(cnt[:, 0]), data["p"], ptr(cnt[:, 1]), data["r"].reshape(-1), ptr(cnt[:, 2]),
-            data["w"].reshape(-1), ptr(cnt[:, 3]), data["a"], ptr(cnt[:, 4]), data["m"], ptr(cnt[:, 5]),
-            data["e"])
-        if len(a.g_koff) and np.abs(a.g_koff).max() >= DIAG0:
-            raise AssertionError(f"scheduler: stream offset {np.abs(a.g_koff).max()} out of range")
-        return a
+
+FIELD_COLS = dict(zip(FIELDS, (CHAIN_COLS, GROUP_COLS, INS_COLS) + tuple(ENTRY_COLS.values())))
+_EMPTY = {name: np.zeros((0, cols), np.int64) for name, cols in FIELD_COLS.items()}    # never written
+
+
+class Rows:
+    """A batch of chains built with numpy (chains.lw_rows, sxm_rows): the fields of `Flat`
+    as 2-D int64 arrays, handed to the scheduler without going through Python lists."""
+
+    __slots__ = FIELDS
+
+    def __init__(self, **fields):
+        for name, cols in FIELD_COLS.items():
+            x = fields.get(name)
+            setattr(self, name, _EMPTY[name] if x is None else np.asarray(x, np.int64).reshape(-1, cols))
+
+    @property
+    def n_ins(self) -> int:
+        return len(self.ins)
+
+    @property
+    def n_chains(self) -> int:
+        return len(self.chains)
+
+    def rows(self) -> dict:
+        return {name: getattr(self, name) for name in FIELDS}
+
+
+def _arrays(parts: list) -> "ChainArrays":
+    """ChainArrays of batches given as `rows()` dicts, in order."""
+    def cat(name):
+        xs = [p[name] for p in parts]
+        return xs[0] if len(xs) == 1 else np.concatenate(xs)
+
+    def ptr(cnt):
+        out = np.zeros(len(cnt) + 1, np.int64)
+        np.cumsum(cnt, out=out[1:])
+        return out
+
+    ch, gr, ins = cat("chains"), cat("groups"), cat("ins")
+    cnt = ins[:, 4 + NARGS:]
+    data = {k: cat(f"{k}_data") for k in ENTRY_COLS}
+    a = ChainArrays(
+        ptr(ch[:, 0]), ptr(ch[:, 1]), ch[:, 2].copy(), ch[:, 3].copy(), ch[:, 4].copy(), ch[:, 5].copy(),
+        gr[:, 0].copy(), gr[:, 1].copy(), gr[:, 2].copy(), ins[:, 0].copy(), ins[:, 1].copy(),
+        ins[:, 2].copy(), ins[:, 3].copy(), ins[:, 4:4 + NARGS].copy(),
+        ptr(cnt[:, 0]), data["p"], ptr(cnt[:, 1]), data["r"].reshape(-1), ptr(cnt[:, 2]),
+        data["w"].reshape(-1), ptr(cnt[:, 3]), data["a"], ptr(cnt[:, 4]), data["m"], ptr(cnt[:, 5]),
+        data["e"])
+    if len(a.g_koff) and np.abs(a.g_koff).max() >= DIAG0:
+        raise AssertionError(f"scheduler: stream offset {np.abs(a.g_koff).max()} out of range")
+    return a
 
 
 @dataclass
@@ -234,11 +274,18 @@ class ChainArrays:
 
 
 def encode(chains, reg: Registry) -> ChainArrays:
-    """Chain objects and Flat batches, in order, as one ChainArrays."""
-    flat = Flat()
+    """Chain objects, Flat and Rows batches, in order, as one ChainArrays."""
+    parts, flat = [], Flat()
     for ch in chains:
-        if isinstance(ch, Flat):
+        if isinstance(ch, Rows):
+            if flat.chains:
+                parts.append(flat.rows())
+                flat = Flat()
+            parts.append(ch.rows())
+        elif isinstance(ch, Flat):
             flat.extend(ch)
         else:
             flat.add_chain(ch, reg)
-    return flat.arrays()
+    if flat.chains or not parts:
+        parts.append(flat.rows())
+    return _arrays(parts)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.chains import ChainBuilder
+from lpu.compiler.chainspec import INS_COLS, Rows
 from lpu.compiler.schedule import Ins
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, dtype_width
+from lpu.isa.machine import EAST, WEST
+from lpu.isa.opcodes import NARGS
 
 
 def imm_bits(value, compute_float: bool) -> int:
@@ -20,6 +23,12 @@ def imm_bits(value, compute_float: bool) -> int:
 def nv_of(shape, lanes, chunk) -> int:
     c = shape[-1] if shape else 1
     return max(0, min(lanes, c - chunk * lanes))
+
+
+def nv_chunks(shape, lanes, chunks) -> np.ndarray:
+    """nv_of for chunks 0 .. chunks-1."""
+    c = shape[-1] if shape else 1
+    return np.minimum(np.maximum(c - np.arange(chunks) * lanes, 0), lanes)
 
 
 def vxm_chain(lw, node, op, out_base, out_dt, nv, a=None, b=None, imm=0, bimm=0, cut=0):
@@ -126,9 +135,101 @@ def lane_step_chain(lw, node, sop, shifts, src, vop, dst, cdt, out_dt, nv):
 
 def copy(lw, srcn, src_grid, dst_grid, dtype, node):
     """Copy (converting to `dtype`) every vector of src_grid into dst_grid."""
-    conv = O.VXM_UNARY["CONV"]
-    src_grid = np.broadcast_to(src_grid, dst_grid.shape)
-    shape = srcn.shape
-    for idx in np.ndindex(dst_grid.shape):
-        vxm_chain(lw, node, conv, int(dst_grid[idx]), dtype, nv_of(shape, lw.lanes, idx[-1]),
-                  (int(src_grid[idx]), srcn.dtype))
+    src_grid = np.broadcast_to(src_grid, dst_grid.shape).reshape(-1)
+    nvs = np.broadcast_to(nv_chunks(srcn.shape, lw.lanes, dst_grid.shape[-1]), dst_grid.shape).reshape(-1)
+    vxm_rows(lw, node, O.VXM_UNARY["CONV"], dst_grid.reshape(-1), dtype, nvs, (src_grid, srcn.dtype))
+
+
+FEW = 24       # below this many vectors, vxm_rows builds them one by one
+
+
+def vxm_rows(lw, node, op, outs, out_dt, nvs, a=None, b=None, imm=0, bimm=0, cut=0):
+    """vxm_chain for many vectors at once, built with numpy: outs and nvs per vector, a and
+    b (slots per vector, dtype) or None. Vectors whose operands share one READ or meet on a
+    bank in the same cycle take vxm_chain one by one, in their place in the order."""
+    c = lw.ctx
+    outs = np.asarray(outs, np.int64)
+    n = len(outs)
+    nvs = np.asarray(nvs, np.int64)
+    if n < FEW:                  # numpy's fixed costs would outweigh the work: one by one
+        for i in range(n):
+            vxm_chain(lw, node, op, int(outs[i]), out_dt, int(nvs[i]),
+                      None if a is None else (int(a[0][i]), a[1]), None if b is None else (int(b[0][i]), b[1]),
+                      imm, bimm, cut)
+        return
+    opnds = [(np.asarray(x[0], np.int64), x[1]) for x in (a, b) if x is not None]
+    special = np.zeros(n, bool)
+    if a is not None and b is not None and dtype_width(a[1]) == dtype_width(b[1]):
+        special |= opnds[0][0] == opnds[1][0]
+    vpos, ns, nb = c.m.vxm_pos, c.nslices, c.banks
+    spos, mem_qg = c.slice_pos_a, c.mem_qg_a
+    lat = c.lat[op]
+    wo, dto = dtype_width(out_dt), DTYPE_CODE[out_dt]
+    ins, grp, pat, rd = [], [], [], []
+    for gi, (slots, dt) in enumerate(opnds):            # READ every operand, arriving at offset 0
+        w = dtype_width(dt)
+        g = slots[:, None] + np.arange(w)[None, :]
+        s, row = g % ns, g // ns
+        x = np.zeros((n, w, INS_COLS), np.int64)
+        x[:, :, 0], x[:, :, 1], x[:, :, 2] = mem_qg[s], -np.abs(vpos - spos[s]) - c.lat_read, O.READ
+        x[:, :, 3], x[:, :, 4], x[:, :, 5] = s * nb + row % nb, row % nb, row // nb
+        x[:, :, 4 + NARGS], x[:, :, 5 + NARGS] = 1, 1
+        ins.append(x)
+        east = vpos > spos[slots % ns]
+        grp.append(np.stack([np.where(east, EAST, WEST), np.where(east, -vpos, vpos), np.full(n, w)], 1)[:, None])
+        p = np.zeros((n, w, 4), np.int64)
+        p[:, :, 0], p[:, :, 1], p[:, :, 2] = 2, gi, np.arange(w)[None, :]
+        pat.append(p)
+        rd.append(g)
+    go = len(opnds)
+    g = outs[:, None] + np.arange(wo)[None, :]          # WRITE the result
+    s, row = g % ns, g // ns
+    x = np.zeros((n, wo, INS_COLS), np.int64)
+    x[:, :, 0], x[:, :, 1], x[:, :, 2] = mem_qg[s], lat + np.abs(spos[s] - vpos), O.WRITE
+    x[:, :, 3], x[:, :, 4], x[:, :, 5] = s * nb + row % nb, row % nb, row // nb
+    x[:, :, 4 + NARGS], x[:, :, 6 + NARGS] = 1, 1
+    ins.append(x)
+    east = spos[outs % ns] > vpos
+    grp.append(np.stack([np.where(east, EAST, WEST), np.where(east, lat - vpos, lat + vpos),
+                         np.full(n, wo)], 1)[:, None])
+    p = np.zeros((n, wo, 4), np.int64)
+    p[:, :, 0], p[:, :, 1], p[:, :, 2] = 2, go, np.arange(wo)[None, :]
+    pat.append(p)
+    ia, ib, io, inv, iimm, ibimm, icut = c.vxm_fields[op]   # the VXM instruction
+    x = np.zeros((n, 1, INS_COLS), np.int64)
+    x[:, 0, 0], x[:, 0, 2], x[:, 0, 3] = c.vxm_qg, op, -1
+    for i, val in ((inv, nvs), (iimm, imm), (ibimm, bimm), (icut, cut)):
+        if i >= 0:
+            x[:, 0, 4 + i] = val
+    present = [(i, DTYPE_CODE[v[1]]) for i, v in ((ia, a), (ib, b)) if v is not None]   # group = position
+    vp = [(i, gi, dt) for gi, (i, dt) in enumerate(present) if i >= 0] + ([(io, go, dto)] if io >= 0 else [])
+    x[:, 0, 4 + NARGS] = len(vp)
+    ins.append(x)
+    if vp:
+        pat.append(np.broadcast_to(np.asarray([(i, gi, 0, dt) for i, gi, dt in vp], np.int64), (n, len(vp), 4)))
+    ins = np.concatenate(ins, 1)
+    key = np.where(ins[:, :, 3] >= 0, ins[:, :, 3] * (1 << 32) + ins[:, :, 1] + (1 << 31), -1 - np.arange(ins.shape[1]))
+    key.sort(axis=1)
+    special |= (np.diff(key, axis=1) == 0).any(axis=1)    # two accesses to one bank in one cycle
+    k = ins.shape[1]
+    chains = np.tile(np.array([k, go + 1, -1, 0, node.line, node.id], np.int64), (n, 1))
+    grp, pat = np.concatenate(grp, 1), np.concatenate(pat, 1)
+    rd = np.concatenate(rd, 1) if rd else np.zeros((n, 0), np.int64)
+    i = 0
+    sp = special.tolist()
+    while i < n:
+        if sp[i]:
+            ops = [None, None]
+            if a is not None:
+                ops[0] = (int(a[0][i]), a[1])
+            if b is not None:
+                ops[1] = (int(b[0][i]), b[1])
+            vxm_chain(lw, node, op, int(outs[i]), out_dt, int(nvs[i]), ops[0], ops[1], imm, bimm, cut)
+            i += 1
+            continue
+        j = i
+        while j < n and not sp[j]:
+            j += 1
+        lw.chains.append(Rows(chains=chains[i:j], groups=grp[i:j], ins=ins[i:j], p_data=pat[i:j],
+                              r_data=rd[i:j], w_data=g[i:j]))
+        i = j

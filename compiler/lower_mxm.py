@@ -98,12 +98,12 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
             if trans:      # B = X.T with X [N, K]: buffer row r = X row nt*lanes + r, chunk kt;
                 #            rows past N must be zero (they become output lanes): zero the stale ones
                 nrows = min(lanes, N - nt * lanes)
-                srcs = [int(bgrid[nt * lanes + r, kt]) for r in range(nrows)] + [zero] * max(0, dirty - nrows)
+                srcs = np.concatenate([bgrid[nt * lanes:nt * lanes + nrows, kt], np.full(max(0, dirty - nrows), zero)])
                 c.lw_dirty[u] = nrows
             else:          # B [K, N]: buffer row r = B row kt*lanes + r, chunk nt; stale rows past K
                 #            meet zero activation lanes
                 nrows = min(lanes, K - kt * lanes)
-                srcs = [int(bgrid[kt * lanes + r, nt]) for r in range(nrows)]
+                srcs = bgrid[kt * lanes:kt * lanes + nrows, nt]
                 c.lw_dirty[u] = max(dirty, nrows)
             lw.chains.append(lw_rows(c, n.line, n.id, u, srcs, wb, pos, bdt, int(cvt),
                                      after=((("iw", u), 0),), mark=((("lw", u), 0),)))

@@ -24,6 +24,7 @@ from lpu.compiler import lower_mxm, movement, ops
 from lpu.compiler.lower_common import (
     copy, imm_bits, lane_step_chain, nv_of, sxm_chain, sxm_vxm_chain, vxm_chain,
 )
+from lpu.compiler.lower_common import nv_chunks, vxm_rows
 from lpu.compiler.chains import ChainBuilder
 from lpu.isa import opcodes as O
 from lpu.isa import dtypes
@@ -63,14 +64,13 @@ def lower_elementwise(lw, n):
         bimm, imm = 1, imm_bits(args[1][1], cfloat)
     elif len(args) == 2 and args[0][0] == "imm":
         bimm, imm = 2, imm_bits(args[0][1], cfloat)
-    for idx in np.ndindex(out.shape):
-        nv = nv_of(n.shape, lanes, idx[-1])
-        srcs = [(int(o[1][idx]), o[2]) if o[0] == "grid" else None for o in args]
-        if bimm == 2:          # imm op b: the tensor goes in field b
-            srcs = [None, srcs[1]]
-        elif bimm == 1:
-            srcs = [srcs[0], None]
-        vxm_chain(lw, n, op, int(out[idx]), n.dtype, nv, *(srcs + [None])[:2], imm=imm, bimm=bimm)
+    srcs = [(np.broadcast_to(o[1], out.shape).reshape(-1), o[2]) if o[0] == "grid" else None for o in args]
+    if bimm == 2:          # imm op b: the tensor goes in field b
+        srcs = [None, srcs[1]]
+    elif bimm == 1:
+        srcs = [srcs[0], None]
+    nvs = np.broadcast_to(nv_chunks(n.shape, lanes, out.shape[-1]), out.shape).reshape(-1)
+    vxm_rows(lw, n, op, out.reshape(-1), n.dtype, nvs, *(srcs + [None])[:2], imm=imm, bimm=bimm)
     for r in lw.pending_free:
         lw.free_temp(r)
 

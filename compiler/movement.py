@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler.chains import ChainBuilder
-from lpu.compiler.lower_common import sxm_chain, sxm_vxm_chain, vxm_chain
+from lpu.compiler.chains import ChainBuilder, sxm_rows
+from lpu.compiler.lower_common import sxm_vxm_chain, vxm_chain
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, dtype_width
 
@@ -42,7 +42,9 @@ def source_map(lw, n):
 
 def assemble(lw, n, smap, dst=None, dtype=None, shape=None):
     """Build every vector of `dst` (default: the node's own grid, of `shape`) from the source
-    map; its sources are node ids, or (grid, shape, dtype) of regions that are not nodes."""
+    map; its sources are node ids, or (grid, shape, dtype) of regions that are not nodes.
+    The pieces (output vector, source, source vector) and their tables are found with numpy
+    for all vectors at once; runs of plain permutes become chains in one batch."""
     ids, src_in, src_flat = smap
     lanes = lw.lanes
     dst = lw.grid[n.id] if dst is None else dst
@@ -50,6 +52,7 @@ def assemble(lw, n, smap, dst=None, dtype=None, shape=None):
     shape = shape or (n.shape if n.shape else (1,))
     C = shape[-1]
     rows = dst.reshape(-1, dst.shape[-1])
+    R, J = rows.shape
     srcs = []
     for i in ids:
         if isinstance(i, tuple):
@@ -58,38 +61,90 @@ def assemble(lw, n, smap, dst=None, dtype=None, shape=None):
             x = lw.g.node(i)
             grid, xs, xdt = lw.grid[i], (x.shape if x.shape else (1,)), x.dtype
         srcs.append((grid.reshape(-1, grid.shape[-1]), xs[-1], xdt))
+    p_ov, p_k, p_vec, p_first, tables = _pieces(lanes, R, J, C, src_in, src_flat, srcs)
+    # every output vector in order: its pieces, or one empty piece (k = -1) if it has none
+    empty = np.setdiff1d(np.arange(R * J), p_ov)
+    if len(empty):
+        o = np.argsort(np.concatenate([p_ov, empty]), kind="stable")
+        p_ov = np.concatenate([p_ov, empty])[o]
+        p_k = np.concatenate([p_k, np.full(len(empty), -1)])[o]
+        p_vec = np.concatenate([p_vec, np.zeros(len(empty), np.int64)])[o]
+        p_first = np.concatenate([p_first, np.ones(len(empty), bool)])[o]
+        tables = np.concatenate([tables, np.full((len(empty), lanes), -1, np.int32)])[o]
+    tid = _table_ids(lw.ctx, tables)
+    p_src = np.zeros(len(p_ov), np.int64)
+    for k, (sgrid, _, _) in enumerate(srcs):
+        sel = p_k == k
+        p_src[sel] = sgrid.reshape(-1)[p_vec[sel]]
+    flat_rows = rows.reshape(-1)
     add = O.VXM_BINARY["ADD"]
-    for r in range(rows.shape[0]):
-        for j in range(rows.shape[1]):
-            nv = max(0, min(lanes, C - j * lanes))
-            e = r * C + j * lanes + np.arange(nv)
-            ks, fs = src_in[e], src_flat[e]
-            first = True
-            for k in np.unique(ks):
-                sel = ks == k
-                sgrid, sc, sdt = srcs[k]
-                f = fs[sel]
-                vec = (f // sc) * sgrid.shape[1] + (f % sc) // lanes
-                lane = (f % sc) % lanes
-                outl = np.nonzero(sel)[0]
-                for v in np.unique(vec):
-                    pick = vec == v
-                    table = np.full(lanes, -1, np.int64)
-                    table[outl[pick]] = lane[pick]
-                    t = lw.ctx.table(table)
-                    src = int(sgrid.reshape(-1)[v])
-                    if first:
-                        _permute(lw, n, src, int(rows[r, j]), sdt, t)
-                        first = False
-                    else:
-                        sxm_vxm_chain(lw, n, O.PERMUTE, t, src, add, (int(rows[r, j]), dtype),
-                                      int(rows[r, j]), sdt, dtype, nv)
-            if first:   # nothing to copy (an empty vector): write zeros
-                _permute(lw, n, lw.zero_vector(), int(rows[r, j]), dtype, lw.ctx.table([-1] * lanes))
+    run, run_dt = [], None
+
+    def flush():
+        if run:
+            c = lw.ctx
+            idx = np.asarray(run, np.int64)
+            srcv = p_src[idx]
+            srcv[p_k[idx] < 0] = lw.zero_vector() if (p_k[idx] < 0).any() else 0
+            lw.chains.append(sxm_rows(c, n.line, n.id, O.PERMUTE, srcv, flat_rows[p_ov[idx]],
+                                      dtype_width(run_dt), DTYPE_CODE[run_dt], tid[idx]))
+            run.clear()
+
+    kl, fl, ovl = p_k.tolist(), p_first.tolist(), p_ov.tolist()
+    for i in range(len(kl)):
+        k = kl[i]
+        if fl[i]:
+            dt = srcs[k][2] if k >= 0 else dtype
+            if dt != run_dt:
+                flush()
+                run_dt = dt
+            run.append(i)
+        else:
+            flush()
+            ov = ovl[i]
+            out = int(flat_rows[ov])
+            nv = max(0, min(lanes, C - (ov % J) * lanes))
+            sxm_vxm_chain(lw, n, O.PERMUTE, int(tid[i]), int(p_src[i]), add, (out, dtype), out,
+                          srcs[k][2], dtype, nv)
+    flush()
 
 
-def _permute(lw, n, src, dst, dtype, table):
-    sxm_chain(lw, n, O.PERMUTE, src, dst, dtype, table)
+def _pieces(lanes, R, J, C, src_in, src_flat, srcs):
+    """The pieces of lane assembly, ordered by output vector, then source, then source
+    vector: (output vector, source, source vector, first piece of its output vector?,
+    tables [pieces, lanes] int32)."""
+    c = np.arange(C)
+    c = c[c // lanes < J]
+    e = (np.arange(R)[:, None] * C + c[None, :]).reshape(-1)
+    ov = (np.arange(R)[:, None] * J + c[None, :] // lanes).reshape(-1)
+    outl = np.broadcast_to(c % lanes, (R, len(c))).reshape(-1)
+    ks, fs = src_in[e], src_flat[e]
+    sc = np.asarray([s[1] for s in srcs], np.int64)[ks]
+    wd = np.asarray([s[0].shape[1] for s in srcs], np.int64)[ks]
+    vec = (fs // sc) * wd + (fs % sc) // lanes
+    lane = (fs % sc) % lanes
+    o = np.lexsort((vec, ks, ov))
+    ov, ks, vec, lane, outl = ov[o], ks[o], vec[o], lane[o], outl[o]
+    new = np.ones(len(ov), bool)
+    new[1:] = (ov[1:] != ov[:-1]) | (ks[1:] != ks[:-1]) | (vec[1:] != vec[:-1])
+    first = np.ones(len(ov), bool)
+    first[1:] = ov[1:] != ov[:-1]
+    pid = np.cumsum(new) - 1
+    tables = np.full((int(new.sum()), lanes), -1, np.int32)
+    tables[pid, outl] = lane
+    return ov[new], ks[new], vec[new], first[new], tables
+
+
+def _table_ids(ctx, tables):
+    """ctx.table of every row, registered in row order (each distinct table once)."""
+    if len(tables) == 0:
+        return np.zeros(0, np.int64)
+    rows = np.ascontiguousarray(tables).view(np.dtype((np.void, tables.shape[1] * 4))).reshape(-1)
+    _, first, inv = np.unique(rows, return_index=True, return_inverse=True)
+    ids = np.empty(len(first), np.int64)
+    for u in np.argsort(first, kind="stable"):
+        ids[u] = ctx.table(tables[first[u]])
+    return ids[inv.reshape(-1)]
 
 
 def transpose_any(lw, n):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import place_core as P
-from lpu.compiler.chainspec import Chain, Flat, Ins, Registry, encode  # noqa: F401  (Ins: the contract)
+from lpu.compiler.chainspec import Chain, Flat, Ins, Registry, Rows, encode  # noqa: F401  (Ins: the contract)
 from lpu.isa.opcodes import NARGS, OPS, latency_table
 
 BATCH = 1 << 15     # instructions buffered before a batch is placed
@@ -83,11 +83,11 @@ class Scheduler:
         self.npending = 0
         self.out = Placed()
 
-    def place(self, chain: Chain | Flat):
-        """Queue a chain (or a Flat batch of them, ids from this scheduler's registry) for
+    def place(self, chain: Chain | Flat | Rows):
+        """Queue a chain (or a Flat or Rows batch of them, ids from this scheduler's registry) for
         placement; chains are placed in the order given."""
         self.pending.append(chain)
-        self.npending += chain.n_ins if isinstance(chain, Flat) else len(chain.ins)
+        self.npending += len(chain.ins) if isinstance(chain, Chain) else chain.n_ins
         if self.npending >= BATCH:
             self.flush()
 

@@ -111,7 +111,35 @@ def test_lw_rows_builds_the_chains_of_read_and_lw_row_by_row(tsp, w, cvt):
         want.extend(cb.chain())
     got = lw_rows(ctx, 5, 9, 2, srcs, w, pos, 3, cvt, after, mark)
     for f in FIELDS:
-        assert getattr(got, f) == getattr(want, f), f
+        assert np.array_equal(got.rows()[f], want.rows()[f]), f
+
+
+@pytest.mark.parametrize("w", [1, 2, 4])
+def test_sxm_rows_builds_the_chains_of_sxm_chain_one_by_one(tsp, w):
+    from types import SimpleNamespace
+    from lpu.compiler.alloc import SlotAllocator
+    from lpu.compiler.chains import Ctx, sxm_rows
+    from lpu.compiler.chainspec import FIELDS, Flat
+    from lpu.compiler.lower_common import sxm_chain
+    from lpu.isa.dtypes import DTYPE_CODE
+    dtype = {1: "i8", 2: "f16", 4: "f32"}[w]
+    ns = tsp.mem_slices
+    srcs = [0, ns // 2 + 3, 100, 3000, ns - 1, 7 * ns + 1]    # both hemispheres, both directions
+    dsts = [ns - 2, 5, 4000, 1, ns // 2, 9]
+    params = [3, 0, 7, 3, 1, 2]
+    want_ctx = Ctx(tsp, SlotAllocator(tsp), Registry())
+    lw = SimpleNamespace(ctx=want_ctx, chains=[])
+    node = SimpleNamespace(line=5, id=9)
+    for s, d, p in zip(srcs, dsts, params):
+        sxm_chain(lw, node, O.PERMUTE, s, d, dtype, p)
+    want = Flat()
+    for ch in lw.chains:
+        want.extend(ch)
+    ctx = Ctx(tsp, SlotAllocator(tsp), Registry())
+    got = sxm_rows(ctx, 5, 9, O.PERMUTE, srcs, dsts, w, DTYPE_CODE[dtype], params)
+    for f in FIELDS:
+        assert np.array_equal(got.rows()[f], want.rows()[f]), f
+    assert ctx.reg.hints == want_ctx.reg.hints
 
 
 def test_builder_exposes_its_groups_and_takes_hand_built_instructions(tsp):
@@ -126,3 +154,69 @@ def test_builder_exposes_its_groups_and_takes_hand_built_instructions(tsp):
     a = encode([cb.chain()], ctx.reg)
     assert a.n_ins == 3 and a.op.tolist() == [O.READ, O.READ, O.SHIFT] and a.off[2] == 7
     assert a.a_data.tolist() == [[ctx.reg.markers[("m",)], 1]] and a.p_data[2].tolist() == [0, 1, 0, 3]
+
+
+def test_encode_keeps_the_order_of_mixed_flat_and_rows_batches(tsp):
+    from dataclasses import fields
+    from types import SimpleNamespace
+    from lpu.compiler.alloc import SlotAllocator
+    from lpu.compiler.chains import Ctx, sxm_rows
+    from lpu.compiler.lower_common import sxm_chain
+    from lpu.isa.dtypes import DT_F16
+    ctx = Ctx(tsp, SlotAllocator(tsp), Registry())
+    lw = SimpleNamespace(ctx=ctx, chains=[])
+    node = SimpleNamespace(line=2, id=3)
+    srcs, dsts = [0, 40, 7, 90], [5, 6, 300, 2]
+    for s, d in zip(srcs, dsts):
+        sxm_chain(lw, node, O.PERMUTE, s, d, "f16", 1)
+    flats = lw.chains
+    mixed = [flats[0], sxm_rows(ctx, 2, 3, O.PERMUTE, srcs[1:3], dsts[1:3], 2, DT_F16, [1, 1]), flats[3]]
+    a, b = encode(flats, ctx.reg), encode(mixed, ctx.reg)
+    for f in fields(a):
+        assert np.array_equal(getattr(a, f.name), getattr(b, f.name)), f.name
+
+
+@pytest.mark.parametrize("dts,imm", [(("f32", "f32", "f32"), 0), (("f16", "f32", "f16"), 0), (("i8", None, "i8"), 7)])
+def test_vxm_rows_builds_the_chains_of_vxm_chain_one_by_one(tsp, dts, imm, monkeypatch):
+    """Plain vectors in batches; a shared READ and a bank collision (staged) one by one, in order."""
+    from dataclasses import fields
+    from lpu.compiler import lower_common
+    monkeypatch.setattr(lower_common, "FEW", 0)          # the batch path even for a few vectors
+    from lpu.compiler.alloc import SlotAllocator, layout
+    from lpu.compiler.chains import Ctx
+    from lpu.compiler.lower_common import vxm_chain, vxm_rows
+    from lpu.isa.dtypes import dtype_width
+
+    class LW:
+        def __init__(self):
+            self.alloc = SlotAllocator(tsp)
+            self.alloc.alloc(50000, "operands")
+            self.ctx, self.chains, self.lanes = Ctx(tsp, self.alloc, Registry()), [], tsp.lanes
+
+        def temp(self, shape, dtype):
+            n = shape[-1] // self.lanes * dtype_width(dtype)
+            start = self.alloc.alloc(n, "t")
+            return layout(start, shape, dtype_width(dtype), self.lanes, False), (start, n)
+
+        def free_temp(self, region):
+            self.alloc.release(*region)
+
+    ns, nb = tsp.mem_slices, tsp.banks_per_slice
+    a = [0, 8, 40, 100, 3000, 12]
+    b = [16, 8, 40 + ns * nb, 200, 7, 900] if dts[1] else None      # row 1 shared (same width), row 2 collides
+    outs = [20000, 20004, 20008, 20012, 20016, 20020]
+    nvs = [tsp.lanes, 5, tsp.lanes, 1, 0, tsp.lanes]
+    node = type("N", (), {"line": 4, "id": 2})()
+    op = O.VXM_BINARY["ADD"]
+    bimm = 1 if b is None else 0
+    want, got = LW(), LW()
+    for i in range(len(a)):
+        vxm_chain(want, node, op, outs[i], dts[2], nvs[i], (a[i], dts[0]), (b[i], dts[1]) if b else None,
+                  imm=imm, bimm=bimm)
+    vxm_rows(got, node, op, outs, dts[2], nvs, (np.asarray(a), dts[0]), (np.asarray(b), dts[1]) if b else None,
+             imm=imm, bimm=bimm)
+    assert len(got.chains) > 1 or b is None
+    x, y = encode(want.chains, want.ctx.reg), encode(got.chains, got.ctx.reg)
+    assert len(x.ins_ptr) - 1 > len(a) or b is None                  # a collision was staged
+    for f in fields(x):
+        assert np.array_equal(getattr(x, f.name), getattr(y, f.name)), f.name
