@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     from lpu.emulator.run import run
     from lpu.isa.encoding import load_binary
     prog = load_binary(argv[0], None)
-    graph = graph_of_binary(prog, json.loads(argv[1]) if len(argv) > 1 else None)
+    graph = graph_of_binary(prog)          # with the params the binary records
     if graph is None:
         raise SystemExit("the binary's source does not rebuild its IR graph")
     repeats = int(argv[2]) if len(argv) > 2 else 5

@@ -233,7 +233,7 @@ def schedule_quality(b: Bench) -> list:
                         bound=bound, compile_s=round(c.seconds, 2)))
     except Exception as e:   # noqa: BLE001
         out.append(failed(sec, name, e, "<= 1.25"))
-    for path in sorted(os.listdir(PROGRAMS)):
+    for path in sorted(f for f in os.listdir(PROGRAMS) if f.endswith(".lpu")):
         prog_name = path[:-4]
         params = {}
         if b.quick and prog_name in ("gpt2_small_decode", "gpt2_small_prefill", "bert_base"):
