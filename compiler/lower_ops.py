@@ -220,6 +220,14 @@ def _tree_leaves(lw, leaf_dt) -> int:
     return k
 
 
+def _too_wide(cb, streams) -> bool:
+    """More stream planes on one diagonal of one direction than the machine has."""
+    need = {}
+    for d, koff, w in cb.groups:
+        need[d, koff] = need.get((d, koff), 0) + w
+    return max(need.values()) > streams
+
+
 def _tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
     """One chain: the pairwise tree of `leaves` ((slot, dtype) each) on the VXM, every op fed
     from the streams at the cycle its operands are ready; the root (or `post`, an op with an
@@ -262,11 +270,12 @@ def _tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
         emit(root, 0, (g, DTYPE_CODE[cdt]))
         go = (cb.write(dst[0], dtype_width(dst[1]), vpos, lat + c.lat[pop]), DTYPE_CODE[dst[1]])
         cb.vxm(pop, lat, (g, DTYPE_CODE[cdt]), None, go, nv=nv, imm=imm, bimm=1)
-    if cb.mem_conflict():                 # two leaves on one bank in one cycle: halves, then join
+    conflict = cb.mem_conflict()
+    if len(leaves) == 2 and conflict:     # two leaves on one bank in one cycle: copy one first
+        _tree_chain(lw, n, vop, [leaves[0], stage(lw, n, leaves[1], leaves[0])], dst, nv, held, post)
+        return
+    if len(leaves) > 2 and (conflict or _too_wide(cb, c.m.streams_per_direction)):   # halves, then join
         half = 1 << (len(leaves) - 1).bit_length() - 1
-        if len(leaves) == 2:              # copy the second elsewhere first
-            _tree_chain(lw, n, vop, [leaves[0], stage(lw, n, leaves[1], leaves[0])], dst, nv, held, post)
-            return
         tgrid, region = lw.temp((2, lw.lanes), cdt)
         held.append(region)               # freed after the level: no reuse, no waits within it
         a, b = (int(tgrid[0, 0]), cdt), (int(tgrid[1, 0]), cdt)
