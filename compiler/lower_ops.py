@@ -246,7 +246,7 @@ def _tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
     cb = ChainBuilder(c, n.line, n.id)
     vpos = c.m.vxm_pos
     wc = dtype_width(cdt)
-    turn = [0]
+    turn = [1]
 
     def emit(node, off, out):
         """node's op at `off`, its result going to the group `out`."""
@@ -287,7 +287,8 @@ def _tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
 
 
 def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
-    """Per row: combine the chunks into one vector (in a temp), then a lane tree in place, radix
+    """Per row: combine the chunks into one vector (in a temp; one pairwise tree chain when a
+    chain takes them all, else in turn), then a lane tree in place, radix
     4 where the SXM has the queues: t = t op SHIFT(t, -s) op SHIFT(t, -2s) op SHIFT(t, -3s),
     s = 1, 4, 16, ... (ROTATE for max, whose padding lanes are first set to -inf)."""
     lanes = lw.lanes
@@ -308,6 +309,7 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
         plan.append([span * j for j in range(1, radix) if span * j < width])
         span *= radix
     steps = len(plan)
+    held, tree = [], _tree_leaves(lw, src_n.dtype)
     for lead in np.ndindex(src.shape[:-1]):
         ta, tb = int(t1[lead + (0,)]), int(t1[lead + (1,)])
         dst = int(out[lead + (0,)])
@@ -316,7 +318,10 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
             vxm_chain(lw, n, O.MASK, tb, cdt, lanes, vecs[-1], imm=NEG_INF_BITS, cut=c - (chunks - 1) * lanes)
             vecs[-1] = (tb, cdt)
         cur = vecs[0]
-        for j in range(1, chunks):
+        if 1 < chunks <= tree:            # the chunks in one pairwise tree chain
+            _tree_chain(lw, n, vop, vecs, (ta, cdt), lanes, held)
+            cur = (ta, cdt)
+        for j in range(1, chunks if chunks > tree else 0):   # (more than a chain takes: in turn)
             vxm_chain(lw, n, vop, ta, cdt, lanes, cur, vecs[j])
             cur = (ta, cdt)
         if steps == 0:
@@ -331,7 +336,8 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
                     shifts = shifts + [lanes] if sop == O.SHIFT else shifts + [shifts[0]]
                 lane_step_chain(lw, n, sop, shifts, cur, vop, d, cdt, ddt, nv)
             cur = (d, ddt)
-    lw.free_temp(r1)
+    for r in held + [r1]:
+        lw.free_temp(r)
 
 
 # ---- where ---------------------------------------------------------------------------------
