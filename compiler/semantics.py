@@ -5,6 +5,7 @@ the emulator implements the same rules.
 
 Numeric rules: elementwise ops and reductions compute in f32 when any input or the result is
 a float, else in i32 (wrapping); the result is then converted to its dtype (`convert`).
+A reduction over any axis but the last adds in the pairwise order (`pairwise`).
 matmul rounds float operands to f16 (i8 stays i8), splits K into tiles of `k_tile`, computes
 each tile's dot products in f64 rounded once to f32, and accumulates tiles in f32 in K order
 (i8: exact i32). bf16 values are held in float32 arrays, rounded to bf16 (nearest even)."""
@@ -90,10 +91,26 @@ def elementwise(op: str, xs: list, result: str) -> np.ndarray:
         return convert(ops.OPS[op].fn(*args), result)
 
 
+def pairwise(x: np.ndarray, axis: int, fn) -> np.ndarray:
+    """Combine along `axis` in the pairwise order: adjacent pairs (0,1), (2,3), ... level by
+    level, an odd last item carried to the next level, until one is left (keepdims)."""
+    items = [np.take(x, [i], axis=axis) for i in range(x.shape[axis])]
+    while len(items) > 1:
+        odd = items[-1:] if len(items) % 2 else []
+        items = [fn(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)] + odd
+    return items[0]
+
+
 def reduce(op: str, x: np.ndarray, axis: int, result: str) -> np.ndarray:
+    """Over the last axis in numpy's order; over any other axis (a reduction across vectors)
+    in the pairwise order (`pairwise`), the order the compiler's tree chains add in."""
     ct = compute_dtype([_from_np(x.dtype)], result)
+    axis = axis % x.ndim if x.ndim else 0
     with np.errstate(all="ignore"):
-        r = ops.OPS[op].fn(x.astype(ct), axis=axis, keepdims=True).astype(ct)
+        if x.ndim and axis != x.ndim - 1 and x.shape[axis] > 0:
+            r = pairwise(x.astype(ct), axis, np.maximum if op == "max" else np.add).astype(ct)
+        else:
+            r = ops.OPS[op].fn(x.astype(ct), axis=axis, keepdims=True).astype(ct)
         if op == "mean":
             r = (r / ct(x.shape[axis])).astype(ct)
     return convert(r, result)

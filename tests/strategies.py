@@ -143,6 +143,8 @@ class _Builder:
         if kind == "reduce":
             a = self.pick()
             f = d(st.sampled_from(("sum", "max", "mean")))
+            if d(st.booleans()):          # across vectors (rows) or across lanes
+                return self.define(f"{f}({a[0]}, axis=0)", S.reduce_result(f, a[1]), (1, a[2][1]))
             return self.define(f"{f}({a[0]}, axis=-1)", S.reduce_result(f, a[1]), (a[2][0], 1))
         if kind == "slice":
             a = self.pick()

@@ -1,0 +1,53 @@
+"""Reductions across vectors (any axis but the last): the pairwise order of the reference is
+the order the compiled tree chains add in (results agree bit for bit), and such a reduction is
+no slower than the lane reduction over the last axis of the same tensor."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lpu.api import check
+from lpu.compiler import semantics as S
+from lpu.compiler.driver import compile_source
+from lpu.compiler.reference import random_values, run_reference
+from lpu.compiler.verify import verify
+from lpu.emulator.run import run
+from lpu.isa.machine import MachineConfig
+
+
+def test_pairwise_order_is_adjacent_pairs_level_by_level():
+    x = np.array([[1e8], [1.0], [-1e8], [1.0]], np.float32)
+    assert S.reduce("sum", x, 0, "f32")[0, 0] == 0.0           # (1e8 + 1) + (-1e8 + 1) in f32
+    assert np.float32(np.float32(np.float32(1e8) + 1) - np.float32(1e8)) + 1 == 1.0   # (a serial order)
+    got = S.pairwise(np.arange(5.0)[:, None], 0, lambda a, b: 10 * a + b)
+    assert got[0, 0] == 10 * (10 * (10 * 0 + 1) + (10 * 2 + 3)) + 4 == 334
+    # ((0, 1), (2, 3)), 4: adjacent pairs, then pairs of pairs; the odd last one carried up
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("src", [
+    "input x : f32[37, 200]\noutput s = sum(x, axis=0)\noutput m = mean(x, axis=0)\noutput x1 = max(x, axis=0)\n",
+    "input x : f16[128, 128]\noutput s = sum(x, axis=0)\noutput m = mean(x, axis=0)\n",
+    "input x : f32[3, 21, 40]\noutput s = sum(x, axis=1)\noutput t = mean(x, axis=0)\n",
+    "input x : i8[9, 30]\noutput s = sum(x, axis=0)\noutput x1 = max(x, axis=0)\noutput m = mean(x, axis=0)\n",
+    "input x : f32[1, 30]\noutput s = sum(x, axis=0)\noutput m = mean(x, axis=0)\n",
+])
+def test_reductions_across_vectors_match_the_reference_exactly(machine, src):
+    prog, g = compile_source(src, "r.lpu", {}, MachineConfig.load(machine))
+    assert not verify(prog)
+    vals = random_values(g, 5)
+    res = run(prog, vals)
+    assert res.cycles == prog.predicted_cycles
+    assert check(g, prog, vals, res)["ok"]
+    want = run_reference(g, vals)[0]
+    for k in g.outputs:
+        assert np.array_equal(np.asarray(res.outputs[k]), np.asarray(want[k])), k
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("op,shape", [("mean", "37, 200"), ("sum", "128, 768"), ("max", "5, 1000")])
+def test_axis0_reduction_costs_at_most_1_5x_the_last_axis_one(machine, op, shape):
+    m = MachineConfig.load(machine)
+    cyc = [compile_source(f"input x : f16[{shape}]\noutput y = {op}(x, axis={a})\n", "r.lpu", {}, m)[0]
+           .predicted_cycles for a in (0, 1)]
+    assert cyc[0] <= 1.5 * cyc[1], cyc
