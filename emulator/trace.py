@@ -37,6 +37,7 @@ MNEMONIC = {
     "ABS": "ab", "RELU": "re", "CONV": "cv", "EXP": "ex", "LOG": "lg", "SQRT": "sq", "RSQRT": "rs",
     "TANH": "th", "SIGMOID": "sg", "SILU": "si", "GELU": "ge", "MASK": "mk", "SHIFT": "SH", "ROTATE": "RO",
     "PERMUTE": "PE", "DISTRIBUTE": "DI", "TPIN": "TI", "TPOUT": "TO",
+    "LT": "<", "LE": "<=", "GT": ">", "GE": ">=", "EQ": "==", "NE": "!=", "KEEP": "kp", "DROP": "dp",
 }
 HELD = "--"              # diagram cell: the unit is still held by an earlier instruction
 

@@ -250,3 +250,11 @@ def test_plot(mlp, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(LpuError, match="matplotlib"):
         R.plot(r, str(tmp_path / "v.png"))
+
+
+def test_every_unit_opcode_has_a_mnemonic():
+    from lpu.isa.machine import UNIT_ICU
+    from lpu.isa.opcodes import OPS
+    missing = [s.name for s in OPS if s.unit != UNIT_ICU and s.name not in T.MNEMONIC]
+    assert not missing, f"no pipeline-diagram mnemonic for {missing} (emulator/trace.py MNEMONIC)"
+    assert all(len(v) <= 2 for v in T.MNEMONIC.values())
