@@ -38,6 +38,9 @@ TRANSPOSE_BUFFERS = 4
 # as the checker (compiler/verify_units.py, mxm-order) states it
 (ORD_RELOAD, ORD_STALE, ORD_RESET_UNREAD, ORD_ACCUM_READ, ORD_ACC_EMPTY, ORD_NOT_INSTALLED,
  ORD_NEVER_READ) = range(7)
+# SRAM row flags (`valid`): 0 no value, 1 a value, RO_LOADED a loaded input, weight or constant,
+# RO_CLOBBERED such a row overwritten (reading it again is a hazard: the tensor is still live)
+RO_LOADED, RO_CLOBBERED = 2, 3
 H_FLUSH = 99      # not a hazard: the host is asked to multiply out a plane's batch (see `flush`)
 
 # the core's units (emulator/prepare.py maps the opcode table's unit of every opcode onto these)
@@ -208,14 +211,14 @@ def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo
         if not ref_ok(a[2], 1, spd):
             return operand_error(hz, 2, a[2])
         if op == C_READ:
-            if valid[row] == 0:
-                hz[0], hz[3], hz[4], hz[5] = H_SRAM_EMPTY, s, bank, addr
+            if valid[row] == 0 or valid[row] == RO_CLOBBERED:
+                hz[0], hz[3], hz[4], hz[5], hz[6] = H_SRAM_EMPTY, s, bank, addr, valid[row]
                 return False
             counters[K_SRAM_READ] += lanes
             return stream_write(a[2], 1, p, t + lat, ex, ring, mem[row:row + 1], hz)
         if not stream_read(a[2], 1, p, t, ring, mem[row:row + 1], hz):
             return False
-        valid[row] = 1
+        valid[row] = RO_CLOBBERED if valid[row] >= RO_LOADED else 1
         counters[K_SRAM_WRITTEN] += lanes
         return True
     for f in (2, 3):
@@ -236,7 +239,7 @@ def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo
         return False
     for l in range(lanes):
         mem[row + sb[0, l], l] = sa[0, l]
-        valid[row + sb[0, l]] = 1
+        valid[row + sb[0, l]] = RO_CLOBBERED if valid[row + sb[0, l]] >= RO_LOADED else 1
     counters[K_SRAM_WRITTEN] += lanes
     return True
 

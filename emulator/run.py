@@ -273,6 +273,9 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
     elif kind == core.H_NOT_READY:
         expected = f"issue at cycle {x2} or later"
         detail = f"accumulator row {x1} of MXM plane {x0} is ready at cycle {x2}"
+    elif kind == core.H_SRAM_EMPTY and x3 == core.RO_CLOBBERED:
+        expected = "the loaded input, weight or constant, still live"
+        detail = f"on slice {x0} bank {x1} address {x2}, which an earlier WRITE overwrote (expected {expected})"
     elif kind == core.H_SRAM_EMPTY:
         expected = "a WRITE to the address earlier, or a tensor loaded there"
         detail = f"on slice {x0} bank {x1} address {x2} (expected {expected})"
@@ -291,13 +294,15 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
     else:
         expected = f"a valid '{op.fields[x0][0]}'"
         detail = f"field '{op.fields[x0][0]}' = {x1}"
+    head = HAZARD_TEXT[kind] if not (kind == core.H_SRAM_EMPTY and x3 == core.RO_CLOBBERED) else \
+        "SRAM read of a loaded tensor's address"
     line = int(program.line[src])
     text = program.source_line(line)
     where = f"instruction {src}: {op.name}" + (f" repetition {int(s.repeat[i])}" if s.repeat[i] else "")
     if line:
         where += f", DSL line {line}" + (f" '{text}'" if text else "")
     qname = m.queues[s.queue[i]][0]
-    return HazardError(f"hazard at cycle {cycle} on {qname} ({where}): {HAZARD_TEXT[kind]} {detail}",
+    return HazardError(f"hazard at cycle {cycle} on {qname} ({where}): {head} {detail}",
                        cycle, qname, src, op.name, line, HAZARD_KIND[kind], expected)
 
 
@@ -359,6 +364,9 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) 
     mem = load(program, values, prep)
     valid = np.zeros(len(mem), np.uint8)
     valid[prep.loaded_rows] = 1
+    for y in program.symbols:
+        if y.kind in ("input", "weight", "const"):
+            valid[prep.sym_rows[y.name]] = core.RO_LOADED
     hz = np.zeros(8, np.int64)
     counters = np.zeros(core.N_COUNTERS, np.int64)
     if prep.workspace is None:

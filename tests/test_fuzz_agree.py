@@ -59,10 +59,11 @@ def test_run_refuses_a_wrong_predicted_cycle_count(workdir):
     assert run_rc == 2
 
 
-@pytest.mark.parametrize("seed,kind", [(7186, "mxm-order"), (114929, "output")])
+@pytest.mark.parametrize("seed,kind", [(7186, "mxm-order"), (114929, "output"), (700416, "sram-live")])
 def test_run_refuses_with_the_checkers_kind(workdir, seed, kind):
     """Cases the property found: an ABC accumulating onto a row already read out (seed 7186) and
-    an output slot never written (seed 114929) ran to exit 0 while verify refused them."""
+    an output slot never written (seed 114929), a loaded tensor overwritten while still read (seed
+    700416) ran to exit 0 while verify refused them."""
     data = FC.binary_case(random.Random(f"binary-{seed}"))
     run_rc, verify_rc, counts, run_err = run_and_verify(workdir, data)
     assert verify_rc == 2 and kind in counts
