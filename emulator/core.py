@@ -33,7 +33,7 @@ TRANSPOSE_BUFFERS = 4
 
 # hazard kinds (messages in run.py)
 (H_NONE, H_STREAM_EMPTY, H_TWO_WRITERS, H_BANK, H_ADDR, H_BUSY, H_NOT_READY, H_DTYPE, H_OPERAND, H_SRAM_EMPTY,
- H_UNREAD, H_INSTALL, H_ORDER) = range(13)
+ H_UNREAD, H_INSTALL, H_ORDER, H_SRAM_CLOBBERED) = range(14)
 # H_ORDER reasons (x0; x1 the plane, x2 the row): the MXM's weight-buffer and accumulator protocol,
 # as the checker (compiler/verify_units.py, mxm-order) states it
 (ORD_RELOAD, ORD_STALE, ORD_RESET_UNREAD, ORD_ACCUM_READ, ORD_ACC_EMPTY, ORD_NOT_INSTALLED,
@@ -122,19 +122,9 @@ def stream_write(ref, w, p, c, ex, ring, src, hz):
     slot = k & (ring_k.shape[2] - 1)
     for b in range(w):
         old = ring_k[d, s + b, slot]
-        if old == k:
-            hz[0] = H_TWO_WRITERS
-            hz[3] = d
-            hz[4] = s + b
-            hz[5] = k
-            hz[6] = ring_src[d, s + b, slot]
-            return False
-        if old != NO_DIAG and ring_rd[d, s + b, slot] == 0:
-            hz[0] = H_UNREAD
-            hz[3] = d
-            hz[4] = s + b
-            hz[5] = old
-            hz[6] = ring_src[d, s + b, slot]
+        if old == k or (old != NO_DIAG and ring_rd[d, s + b, slot] == 0):   # written twice, or never read
+            hz[0], hz[3], hz[4], hz[5], hz[6] = H_TWO_WRITERS if old == k else H_UNREAD, d, s + b, old, \
+                ring_src[d, s + b, slot]
             return False
     for b in range(w):
         ring_k[d, s + b, slot] = k
@@ -212,7 +202,7 @@ def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo
             return operand_error(hz, 2, a[2])
         if op == C_READ:
             if valid[row] == 0 or valid[row] == RO_CLOBBERED:
-                hz[0], hz[3], hz[4], hz[5], hz[6] = H_SRAM_EMPTY, s, bank, addr, valid[row]
+                hz[0], hz[3], hz[4], hz[5] = H_SRAM_EMPTY if valid[row] == 0 else H_SRAM_CLOBBERED, s, bank, addr
                 return False
             counters[K_SRAM_READ] += lanes
             return stream_write(a[2], 1, p, t + lat, ex, ring, mem[row:row + 1], hz)

@@ -28,7 +28,6 @@ PHASE = np.array([s.phase for s in O.OPS], np.int32)
 OP_UNIT = np.array([s.unit for s in O.OPS], np.int32)
 OP_ROLE = np.array([s.role for s in O.OPS], np.int32)
 REPEAT_FIELD = np.array(O.REPEAT_FIELD, np.int32)
-NUMPY_DTYPE = NP_DTYPE      # the one dtype table (isa/dtypes.py); emulator/arith.py checks its codes against it
 F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 HAZARD_TEXT = {
@@ -41,6 +40,7 @@ HAZARD_TEXT = {
     core.H_DTYPE: "dtype mismatch",
     core.H_OPERAND: "invalid operand",
     core.H_SRAM_EMPTY: "SRAM read of an address that holds no value",
+    core.H_SRAM_CLOBBERED: "SRAM read of a loaded tensor's address",
     core.H_UNREAD: "value put on a stream that nothing reads",
     core.H_INSTALL: "weights installed as another type than loaded",
     core.H_ORDER: "MXM weight or accumulator used out of order:",
@@ -174,7 +174,7 @@ def _to_bits(dtype: str, arr: np.ndarray) -> np.ndarray:
         bits[nan] = (u[nan] >> 16) | 0x40
         arr = bits.astype("<u2")
     else:
-        arr = arr.astype(np.dtype(NUMPY_DTYPE[dtype]).newbyteorder("<"))
+        arr = arr.astype(np.dtype(NP_DTYPE[dtype]).newbyteorder("<"))
     return np.ascontiguousarray(arr).view(np.uint8).reshape(arr.shape + (-1,))
 
 
@@ -191,8 +191,8 @@ def _fetch(mem: np.ndarray, rows: np.ndarray, sym: Symbol, m) -> np.ndarray:
     if sym.dtype == "bf16":
         vals = (by.view("<u2")[..., 0].astype(np.uint32) << 16).view(np.float32)
     else:
-        vals = by.view(np.dtype(NUMPY_DTYPE[sym.dtype]).newbyteorder("<"))[..., 0]
-    return vals.reshape(nrow, -1)[:, :cols].astype(NUMPY_DTYPE[sym.dtype]).reshape(tuple(sym.shape))
+        vals = by.view(np.dtype(NP_DTYPE[sym.dtype]).newbyteorder("<"))[..., 0]
+    return vals.reshape(nrow, -1)[:, :cols].astype(NP_DTYPE[sym.dtype]).reshape(tuple(sym.shape))
 
 
 def load(program: Program, values: dict, prep: Prepared | None = None) -> np.ndarray:
@@ -222,7 +222,7 @@ def load(program: Program, values: dict, prep: Prepared | None = None) -> np.nda
                                f"{int(np.prod(sym.shape, dtype=np.int64))}")
         elif sym.name in wanted:
             arr = np.asarray(values[sym.name])
-            want = np.dtype(NUMPY_DTYPE[sym.dtype])
+            want = np.dtype(NP_DTYPE[sym.dtype])
             if arr.shape != tuple(sym.shape) or arr.dtype != want:
                 raise LpuError(f"tensor '{sym.name}': expected {sym.dtype} {list(sym.shape)} ({want}), "
                                f"got {arr.dtype} {list(arr.shape)}")
@@ -235,7 +235,7 @@ def load(program: Program, values: dict, prep: Prepared | None = None) -> np.nda
 # ---- the run ------------------------------------------------------------------------------------
 HAZARD_KIND = {core.H_STREAM_EMPTY: "stream-read", core.H_TWO_WRITERS: "two-writers", core.H_BANK: "bank-conflict",
                core.H_ADDR: "address", core.H_BUSY: "unit-busy", core.H_NOT_READY: "not-ready",
-               core.H_DTYPE: "dtype", core.H_OPERAND: "operand", core.H_SRAM_EMPTY: "sram-live",
+               core.H_DTYPE: "dtype", core.H_OPERAND: "operand", core.H_SRAM_EMPTY: "sram-live", core.H_SRAM_CLOBBERED: "sram-live",
                core.H_UNREAD: "stream-unread", core.H_INSTALL: "mxm-order", core.H_ORDER: "mxm-order"}
 
 
@@ -273,7 +273,7 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
     elif kind == core.H_NOT_READY:
         expected = f"issue at cycle {x2} or later"
         detail = f"accumulator row {x1} of MXM plane {x0} is ready at cycle {x2}"
-    elif kind == core.H_SRAM_EMPTY and x3 == core.RO_CLOBBERED:
+    elif kind == core.H_SRAM_CLOBBERED:
         expected = "the loaded input, weight or constant, still live"
         detail = f"on slice {x0} bank {x1} address {x2}, which an earlier WRITE overwrote (expected {expected})"
     elif kind == core.H_SRAM_EMPTY:
@@ -294,15 +294,13 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
     else:
         expected = f"a valid '{op.fields[x0][0]}'"
         detail = f"field '{op.fields[x0][0]}' = {x1}"
-    head = HAZARD_TEXT[kind] if not (kind == core.H_SRAM_EMPTY and x3 == core.RO_CLOBBERED) else \
-        "SRAM read of a loaded tensor's address"
     line = int(program.line[src])
     text = program.source_line(line)
     where = f"instruction {src}: {op.name}" + (f" repetition {int(s.repeat[i])}" if s.repeat[i] else "")
     if line:
         where += f", DSL line {line}" + (f" '{text}'" if text else "")
     qname = m.queues[s.queue[i]][0]
-    return HazardError(f"hazard at cycle {cycle} on {qname} ({where}): {head} {detail}",
+    return HazardError(f"hazard at cycle {cycle} on {qname} ({where}): {HAZARD_TEXT[kind]} {detail}",
                        cycle, qname, src, op.name, line, HAZARD_KIND[kind], expected)
 
 

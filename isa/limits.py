@@ -31,16 +31,25 @@ DEFAULTS = {
 
 def limit(name: str) -> int:
     """The value of limit `name`: its default, or the environment variable LPU_LIMIT_<NAME>."""
-    env = "LPU_LIMIT_" + name.upper()
+    env = env_name(name)
     raw = os.environ.get(env)
-    if raw is None:
-        return DEFAULTS[name]
+    return DEFAULTS[name] if raw is None else parse(name, raw, env)
+
+
+def env_name(name: str) -> str:
+    return "LPU_LIMIT_" + name.upper()
+
+
+def parse(name: str, raw: str, given_as: str) -> int:
+    """A value for limit `name` given as text (`given_as` names where, in the error)."""
+    if name not in DEFAULTS:
+        raise LpuError(f"{given_as}: no limit named '{name}' (the limits: {', '.join(DEFAULTS)}; docs/limits.md)")
     try:
         value = int(raw)
     except ValueError:
-        raise LpuError(f"{env}={raw!r} is not an integer") from None
+        raise LpuError(f"{given_as}={raw!r} is not an integer") from None
     if value < 1:
-        raise LpuError(f"{env}={raw!r} must be at least 1")
+        raise LpuError(f"{given_as}={raw!r} must be at least 1")
     return value
 
 

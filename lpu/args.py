@@ -9,8 +9,6 @@ import time
 
 from lpu.isa.errors import LpuError
 
-DOCS = "docs/language.md"
-
 
 def parse_params(items) -> dict:
     """`-p NAME=INT` options as a dict (the last one given for a name wins)."""
@@ -50,6 +48,11 @@ def compile_detail(stats) -> str:
     return f"{stats.stage}, {stats.placed:,} chains placed" if stats.placed else stats.stage
 
 
+def on_terminal(a, stream) -> bool:
+    """Progress goes to `stream` only when it is a terminal and the command prints no JSON."""
+    return not getattr(a, "json", False) and getattr(stream, "isatty", lambda: False)()
+
+
 class Progress:
     """Progress lines on stderr for work that takes more than `delay` seconds, only when stderr
     is a terminal and the command does not print JSON. Used as a context manager around a
@@ -57,8 +60,7 @@ class Progress:
 
     def __init__(self, enabled: bool | None = None, delay: float = 2.0, stream=None):
         self.stream = stream or sys.stderr
-        tty = getattr(self.stream, "isatty", lambda: False)()
-        self.enabled = tty if enabled is None else enabled
+        self.enabled = on_terminal(None, self.stream) if enabled is None else enabled
         self.delay = delay
         self._stage = ""
         self._detail = None
@@ -69,7 +71,7 @@ class Progress:
 
     @classmethod
     def for_args(cls, a) -> "Progress":
-        return cls(enabled=None if not getattr(a, "json", False) else False)
+        return cls(enabled=on_terminal(a, sys.stderr))
 
     def stage(self, text: str, detail=None) -> "Progress":
         """The stage's text; `detail()`, if given, says more each tick (the pass, chains placed)."""
@@ -111,7 +113,7 @@ def progress_lines(a, stream=None):
     """A `progress(text)` callable printing one line per step on stderr, or None when stderr is
     not a terminal or the command prints JSON (scripts get clean output)."""
     stream = stream or sys.stderr
-    if getattr(a, "json", False) or not getattr(stream, "isatty", lambda: False)():
+    if not on_terminal(a, stream):
         return None
 
     def say(text: str):

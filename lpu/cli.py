@@ -8,24 +8,28 @@ import json
 import os
 import sys
 import time
+import tomllib
 
 import numpy as np
 
 from lpu import cmd_trace, cmd_verify, compare, demo
 from lpu.args import Progress, add_common, add_window, compile_detail, parse_params
 from lpu.isa.errors import LpuError
-from lpu.isa.limits import DEFAULTS
+from lpu.isa import limits
 from lpu.outputs import check_outputs
 
 COMMANDS = (cmd_trace, cmd_verify, compare, demo)   # subcommands with a module of their own
 
 
 def version() -> str:
+    """The installed distribution's version, or in a checkout that is not installed, its
+    pyproject.toml's."""
     from importlib.metadata import PackageNotFoundError, version as dist_version
     try:
         return dist_version("lpu")
     except PackageNotFoundError:
-        return "unknown (not installed)"
+        with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml"), "rb") as f:
+            return tomllib.load(f)["project"]["version"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="compare with the numpy reference")
     p.add_argument("--trace", metavar="TRACE.json", help="write a Perfetto/Chrome trace JSON here")
     add_window(p, "for --trace (default: the whole run, up to the event bound)")
-    p.add_argument("--trace-cycles", dest="cycles", help=argparse.SUPPRESS)   # the old name of --cycles
     p.add_argument("--report", action="store_true", help="print utilization and bottleneck report")
     p.add_argument("--plot", metavar="OUT.png", help="draw utilization over time to this PNG (needs matplotlib)")
     add_common(p)
@@ -219,20 +222,17 @@ def cmd_asm(a):
     return 0
 
 
-def set_limits(items) -> None:
-    """`--limit NAME=N`: the limit's environment variable for the rest of this command."""
-    for it in items or []:
-        name, _, value = it.partition("=")
+def set_limits(items) -> dict:
+    """`--limit NAME=N`: the limits' environment variables for the rest of this command; returns
+    what they were before (None: unset), for `main` to put back."""
+    given = {}
+    for it in items or []:                    # every value checked before any is set
+        name, _, raw = it.partition("=")
         name = name.strip().lower()
-        if name not in DEFAULTS:
-            raise LpuError(f"--limit {it}: no limit named '{name}' (the limits: {', '.join(DEFAULTS)}; docs/limits.md)")
-        try:
-            n = int(value)
-        except ValueError:
-            raise LpuError(f"--limit {it}: '{value}' is not an integer") from None
-        if n < 1:
-            raise LpuError(f"--limit {it}: must be at least 1")
-        os.environ["LPU_LIMIT_" + name.upper()] = str(n)
+        given[limits.env_name(name)] = limits.parse(name, raw, f"--limit {name}")
+    before = {env: os.environ.get(env) for env in given}
+    os.environ.update({env: str(v) for env, v in given.items()})
+    return before
 
 
 def main(argv=None) -> int:
@@ -242,9 +242,9 @@ def main(argv=None) -> int:
     handlers = {"compile": cmd_compile, "run": cmd_run, "disasm": cmd_disasm, "asm": cmd_asm}
     for m in COMMANDS:
         handlers.update(m.HANDLERS)
-    saved = dict(os.environ)
+    saved = {}
     try:
-        set_limits(a.limits)
+        saved = set_limits(a.limits)
         check_outputs(a)
         return handlers[a.cmd](a) or 0
     except LpuError as e:
@@ -268,8 +268,11 @@ def main(argv=None) -> int:
               f"command you ran (rerun with --debug for the traceback).", file=sys.stderr)
         return 1
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        for env, value in saved.items():
+            if value is None:
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = value
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """`lpu trace` (a pipeline diagram in the terminal) and what `lpu run` does with --trace,
---trace-cycles, --report and --plot once the emulator has finished."""
+--cycles, --report and --plot once the emulator has finished."""
 from __future__ import annotations
 
 import json
