@@ -35,6 +35,7 @@ class SlotAllocator:
         self.peak = 0
         self.touched = 0          # slots below this may have held a temporary
         self.top = self.capacity  # fresh regions are carved downwards from here
+        self.log: list | None = None  # when a list: every alloc ("a", n, start) and release ("r", start, n)
 
     def alloc_fresh(self, n: int, what: str = "") -> int:
         """A region that no temporary has ever used (for constants placed during lowering:
@@ -63,6 +64,8 @@ class SlotAllocator:
                 self.in_use += n
                 self.peak = max(self.peak, self.in_use)
                 self.touched = max(self.touched, start + n)
+                if self.log is not None:
+                    self.log.append(("a", n, start))
                 return start
         return self._fail(n, what)
 
@@ -76,6 +79,8 @@ class SlotAllocator:
 
     def release(self, start: int, n: int):
         n = -(-n // ALIGN) * ALIGN
+        if self.log is not None:
+            self.log.append(("r", start, n))
         self.in_use -= n
         i = bisect.bisect_left(self.free, [start, 0])
         self.free.insert(i, [start, n])
@@ -84,6 +89,36 @@ class SlotAllocator:
             self.free[i][1] += self.free.pop(i + 1)[1]
         if i > 0 and self.free[i - 1][0] + self.free[i - 1][1] == self.free[i][0]:
             self.free[i - 1][1] += self.free.pop(i)[1]
+
+    def state(self) -> tuple:
+        return [list(f) for f in self.free], self.in_use, self.peak, self.touched
+
+    def set_state(self, st: tuple):
+        self.free, self.in_use, self.peak, self.touched = st
+
+    def replays(self, log: list) -> bool:
+        """Whether doing `log`'s allocs and releases now gives the same regions; if so they are
+        done (and logged), else nothing changes."""
+        saved, outer = self.state(), self.log
+        self.log = None
+        try:
+            for kind, a, b in log:
+                if kind == "r":
+                    self.release(a, b)
+                elif self.alloc_quiet(a) != b:
+                    self.set_state(saved)
+                    return False
+        finally:
+            self.log = outer
+        if outer is not None:
+            outer.extend(log)
+        return True
+
+    def alloc_quiet(self, n: int) -> int:
+        """`alloc`, or -1 where it would fail."""
+        if not any(length >= n for _, length in self.free):
+            return -1
+        return self.alloc(n)
 
     def largest_free(self) -> int:
         return max((length for _, length in self.free), default=0)
@@ -99,6 +134,13 @@ def slot_place(slot, slices: int, banks: int):
     return slot % slices, row % banks, row // banks
 
 
+def period_stride(shape: tuple, width: int, lanes: int, period: int) -> int:
+    """Slots between the blocks of a periodic layout (first axis): one block, rounded up to
+    a multiple of `period`."""
+    block = int(np.prod(grid_shape(shape[1:], lanes))) * width
+    return -(-block // period) * period
+
+
 def grid_shape(shape: tuple, lanes: int) -> tuple:
     """Shape of the vector grid: leading axes, then chunks of the last axis ([1, C] for 1-D)."""
     if len(shape) == 0:
@@ -107,10 +149,18 @@ def grid_shape(shape: tuple, lanes: int) -> tuple:
     return lead + (max(1, -(-shape[-1] // lanes)),)
 
 
-def layout(start: int, shape: tuple, width: int, lanes: int, chunk_major: bool) -> np.ndarray:
+def layout(start: int, shape: tuple, width: int, lanes: int, chunk_major: bool, period: int = 0) -> np.ndarray:
     """Base slots of a fresh tensor: vector i of the chosen order at start + i * width.
     chunk_major orders vectors (leading..., chunk, row) so that a weight's K-tile rows for one
-    output chunk are consecutive (one per slice): the MXM loads them without bank conflicts."""
+    output chunk are consecutive (one per slice): the MXM loads them without bank conflicts.
+    period > 0: each index of the first axis gets a block of its own whose start is a multiple
+    of `period` slots apart (see `period_stride`), so every block has the same slice and bank
+    pattern (the trips of a loop that each use one block are then alike)."""
+    if period:
+        stride = period_stride(shape, width, lanes, period)
+        block = layout(0, shape[1:], width, lanes, chunk_major)
+        out = (np.arange(shape[0], dtype=np.int64) * stride).reshape((-1,) + (1,) * block.ndim) + block[None]
+        return start + out.reshape(grid_shape(shape, lanes))
     g = grid_shape(shape, lanes)
     n = int(np.prod(g))
     if not chunk_major or len(g) < 2:

@@ -24,6 +24,7 @@ class CompileStats:
     sram_peak_bytes: int = 0
     stage: str = ""            # the pass running now, and chains placed so far (for progress lines)
     placed: int = 0
+    replayed: int = 0          # IR nodes lowered by replaying a loop trip's twin (compiler/replay.py)
 
 
 def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None,
@@ -69,6 +70,7 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
     t3 = time.perf_counter()
     stats.pass_seconds.update(lower=t1 - t0, schedule=t2 - t1, codegen=t3 - t2)
     stats.chains = low.n_chains
+    stats.replayed = low.replayed
     stats.sram_peak_bytes = low.alloc.peak * machine.lanes
     return prog
 

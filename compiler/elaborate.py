@@ -216,9 +216,14 @@ class Elaborator:
                         self.error(b, f"{STMT_NAME[type(b)]} must be at the top level, not in a loop")
                 lo, hi = self._range(s.start, s.stop, scope)
                 self._trips(lo, hi, s)
+                trips = []
                 for i in range(lo, hi):
                     self._assign(s.var, i, scope, s)
+                    start = len(self.graph.g)
                     self._block(s.body, scope, top)
+                    trips.append((start, len(self.graph.g)))
+                if top and len(trips) > 1:
+                    self.graph.loops.append(trips)
             case A.Output():
                 self._output(s, scope)
 

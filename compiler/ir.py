@@ -60,7 +60,9 @@ class Node:
 class IRGraph:
     """The program as a DAG. `decls` maps each declared name to its leaf node id (inputs,
     weights, states); `outputs` maps output names to their `output` node ids; `final_states`
-    maps each state name to the id of its last version (its leaf if it is never stored)."""
+    maps each state name to the id of its last version (its leaf if it is never stored); `loops`
+    holds, per top-level `for` loop, the node-id range each trip created (trips whose bodies are
+    alike are lowered once and replayed: compiler/replay.py)."""
 
     def __init__(self, source_name: str = "<string>", source: str = ""):
         self.g = nx.DiGraph()
@@ -70,6 +72,7 @@ class IRGraph:
         self.outputs: dict[str, int] = {}
         self.final_states: dict[str, int] = {}
         self.params: dict[str, int] = {}
+        self.loops: list[list[tuple[int, int]]] = []   # per top-level `for`: node ids [start, end) per trip
 
     def add(self, op: str, inputs, shape, dtype: str, attrs=None, line: int = 0, col: int = 0) -> int:
         assert op in ops.OPS, op

@@ -10,19 +10,21 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import lower_ops as L
-from lpu.compiler.alloc import SlotAllocator, grid_shape, layout
+from lpu.compiler.alloc import SlotAllocator, grid_shape, layout, period_stride
 from lpu.compiler.chains import Ctx
 from lpu.compiler.chainspec import Registry
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.plan import make_plan
+from lpu.compiler.replay import Replayer, periodic_leaves
 from lpu.isa.errors import CapacityError, UnsupportedError
 from lpu.isa.opcodes import dtype_width
 from lpu.isa.program import Symbol
 
 
 class Lowered:
-    def __init__(self, n_chains, symbols, ctx, alloc):
+    def __init__(self, n_chains, symbols, ctx, alloc, replayed=0):
         self.n_chains = n_chains
+        self.replayed = replayed      # nodes whose chains were replayed from their twin (replay.py)
         self.symbols = symbols
         self.ctx = ctx
         self.alloc = alloc
@@ -56,15 +58,16 @@ class Lowerer:
         self.pending_free: list = []
         self._zero = None
         self.rope_cache: dict = {}
+        self.replayer = Replayer(self)
 
     # ---- storage -----------------------------------------------------------------------------
-    def new_region(self, shape, dtype, what, chunk_major=False, owner=None, fresh=False):
+    def new_region(self, shape, dtype, what, chunk_major=False, owner=None, fresh=False, period=0):
         w = dtype_width(dtype)
-        n = int(np.prod(grid_shape(shape, self.lanes))) * w
+        n = _region_size(shape, w, self.lanes, period)
         start = self.alloc.alloc_fresh(n, what) if fresh else self.alloc.alloc(n, what)
         if owner is not None:
             self.regions[owner] = (start, n)
-        return layout(start, shape, w, self.lanes, chunk_major)
+        return layout(start, shape, w, self.lanes, chunk_major, period)
 
     def temp(self, shape, dtype):
         """A scratch region for lowering; free it with `free_temp`."""
@@ -91,6 +94,12 @@ class Lowerer:
         out_need = sum(int(np.prod(grid_shape(g.node(o).shape, self.lanes))) * dtype_width(g.node(o).dtype)
                        for o in g.outputs.values())
         total = (need + out_need) * self.lanes
+        periodic = periodic_leaves(g, plan)
+        period = self.replayer.period
+        padded = sum(_region_size(n.shape, dtype_width(n.dtype), self.lanes, period if n.id in periodic else 0)
+                     for n in persistent)
+        if (padded + out_need) * self.lanes > self.m.sram_bytes:
+            periodic = set()       # no room to pad: the trips are lowered one by one
         if total > self.m.sram_bytes:
             big = sorted(persistent, key=lambda n: -n.nbytes)[:3]
             names = ", ".join(f"{n.attrs.get('name', n.op)} {n.dtype}{list(n.shape)} ({n.nbytes:,} B)" for n in big)
@@ -102,7 +111,8 @@ class Lowerer:
                 bytes_needed=total, bytes_available=self.m.sram_bytes, chips_needed=chips)
         for n in persistent:
             name = n.attrs.get("name", f"const{n.id}")
-            grid = self.new_region(n.shape, n.dtype, f"'{name}'", chunk_major=n.op == "weight")
+            grid = self.new_region(n.shape, n.dtype, f"'{name}'", chunk_major=n.op == "weight",
+                                   period=period if n.id in periodic else 0)
             self.grid[n.id] = grid
             data = None
             kind = n.op
@@ -148,9 +158,12 @@ class Lowerer:
                     self.lower_output(n)
                 elif k == "temp":
                     aliased = any(plan.outputs_alias.get(o) and g.node(o).inputs[0] == n.id for o in g.outputs.values())
-                    self.grid[n.id] = self.new_region(n.shape, n.dtype, f"'{n.op}' at line {n.line}",
-                                                      owner=None if aliased else n.id)
-                    L.LOWER[n.op](self, n)
+                    if not self.replayer.replay(n, aliased):
+                        rec = self.replayer.begin(n)
+                        self.grid[n.id] = self.new_region(n.shape, n.dtype, f"'{n.op}' at line {n.line}",
+                                                          owner=None if aliased else n.id)
+                        L.LOWER[n.op](self, n)
+                        self.replayer.end(n, rec, aliased)
             except UnsupportedError as e:
                 raise UnsupportedError(f"{g.source_name}:{n.line}:{n.col}: {n.op}: {e.message} is not supported yet") from None
             for ch in self.chains:
@@ -160,7 +173,7 @@ class Lowerer:
             for owner in free_after.get(n.id, ()):
                 if owner in self.regions:
                     self.alloc.release(*self.regions.pop(owner))
-        return Lowered(n_chains, self.symbols, self.ctx, self.alloc)
+        return Lowered(n_chains, self.symbols, self.ctx, self.alloc, self.replayer.replayed)
 
     def view(self, n):
         return self._view(n).reshape(grid_shape(n.shape, self.lanes))
@@ -195,6 +208,12 @@ class Lowerer:
             L.copy(self, srcn, self.grid[src], grid, srcn.dtype, n)
         self.grid[n.id] = grid
         self.symbol(name, "output", srcn.dtype, srcn.shape, grid)
+
+
+def _region_size(shape, width, lanes, period) -> int:
+    if period:
+        return shape[0] * period_stride(shape, width, lanes, period)
+    return int(np.prod(grid_shape(shape, lanes))) * width
 
 
 def lower(graph: IRGraph, machine, sink, reg: Registry) -> Lowered:

@@ -108,6 +108,7 @@ def _compile_info(prog, graph, stats) -> dict:
         "chips_needed": max(1, -(-resident // prog.machine.sram_bytes)),
         "compile_s": round(sum(stats.pass_seconds.values()), 4),
         "passes_s": {k: round(v, 4) for k, v in stats.pass_seconds.items()},
+        "replayed_nodes": stats.replayed,
     }
 
 

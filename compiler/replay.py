@@ -1,0 +1,252 @@
+"""Trips of a loop lowered once and replayed (part of pass `lower`).
+
+The trips of a top-level `for` loop (`IRGraph.loops`) usually differ only in which block of a
+weight or state they read (`wqkv[l]`). Lowering builds the same chains for them, at other SRAM
+addresses, and lowering is the compiler's most expensive pass. So a node of trip k is not
+lowered again when it is *alike* its twin in trip k-1 (the node at the same place in the trip's
+node-id range): then its chains are the twin's, with the SRAM slots (and READ/WRITE addresses)
+of the inputs that moved shifted and the node id changed. Alike means everything lowering looks
+at is equal:
+
+  - the node: op, shape, dtype, attributes, source position;
+  - each input: its storage kind, dtype and shape, its value if it is an immediate, and its
+    vector grid up to one constant shift d that is a multiple of the slice-and-bank period
+    (slices x banks slots: the shifted slots are in the same slice and bank, d / period
+    addresses further). Blocks of tensors indexed by a loop variable are laid out at such a
+    stride (`alloc.layout(period=...)`, `periodic_leaves`);
+  - the allocator: doing the twin's allocations and releases now gives the same regions
+    (`SlotAllocator.replays`), so the node's result and scratch vectors sit where the twin's did;
+  - the unit state lowering keeps (`Ctx.lw_dirty`: which weight-buffer rows may hold stale
+    values) is the same as before the twin; the choices it steers (`mxm_load`, `sxm_turn`)
+    only balance work, and are advanced as the twin advanced them.
+
+Otherwise the node is lowered as usual. The scheduler places replayed chains like any others,
+so every timing rule is checked as before; only Python's building of the chains is skipped.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lpu.compiler.chainspec import FIELDS, Flat, INS_COLS, Rows, _EMPTY
+from lpu.isa import opcodes as O
+from lpu.isa.opcodes import NARGS, dtype_width
+
+_R, _W = 4 + NARGS + 1, 4 + NARGS + 2     # ins columns: counts of slots read, written
+_ADDR = 4 + 1                              # ins column of READ/WRITE's addr arg
+_NODE = 5                                  # chains column: IR node
+
+
+def periodic_leaves(graph, plan) -> set:
+    """Persistent tensors (two or more axes) whose first axis a loop trip indexes with an
+    integer: laid out with a period stride so that the trips' blocks look alike."""
+    out = set()
+    for trips in graph.loops:
+        for s, e in trips:
+            for nid in range(s, e):
+                n = graph.node(nid)
+                if n.op != "slice" or not n.attrs["index"] or not isinstance(n.attrs["index"][0], int):
+                    continue
+                root = graph.node(plan.base.get(n.inputs[0], n.inputs[0]))
+                if plan.kind.get(root.id) == "persistent" and len(root.shape) >= 2 and root.shape[0] > 1:
+                    out.add(root.id)
+    return out
+
+
+class Record:
+    __slots__ = ("log", "rows", "dirty_before", "dirty_after", "sxm_flip", "load_delta", "out_region")
+
+
+class Replayer:
+    def __init__(self, lw):
+        self.lw = lw
+        m = lw.m
+        self.period = m.mem_slices * m.banks_per_slice
+        self.twin: dict[int, int] = {}            # node id -> its twin in the previous trip
+        for trips in lw.g.loops:
+            for (s0, e0), (s1, e1) in zip(trips, trips[1:]):
+                if e1 - s1 == e0 - s0:
+                    self.twin.update(zip(range(s1, e1), range(s0, e0)))
+        self.wanted = set(self.twin.values())     # nodes some later node may replay
+        self.rec: dict[int, Record] = {}
+        self.replayed = self.lowered = 0
+
+    # ---- recording -------------------------------------------------------------------------
+    def begin(self, n):
+        """Before lowering node n the usual way: start its record if a later node may replay it."""
+        if n.id not in self.wanted:
+            return None
+        lw, c = self.lw, self.lw.ctx
+        r = Record()
+        r.log = []
+        r.dirty_before = dict(c.lw_dirty)
+        r.sxm_flip = c.sxm_turn
+        r.load_delta = dict(c.mxm_load)
+        lw.alloc.log = r.log
+        return r
+
+    def end(self, n, r: Record | None, aliased: bool):
+        """After lowering node n: close its record (its chains become one Rows batch)."""
+        self.lowered += 1
+        self._forget(n.id)
+        if r is None:
+            return
+        lw, c = self.lw, self.lw.ctx
+        lw.alloc.log = None
+        r.dirty_after = dict(c.lw_dirty)
+        r.sxm_flip ^= c.sxm_turn
+        r.load_delta = {u: v - r.load_delta.get(u, 0) for u, v in c.mxm_load.items()}
+        r.out_region = None if aliased or not r.log else (r.log[0][2], r.log[0][1])
+        r.rows = _rows(lw.chains, lw.ctx.reg)
+        lw.chains = [Rows(**r.rows)]
+        self.rec[n.id] = r
+
+    def _forget(self, nid):
+        t = self.twin.get(nid)
+        if t is not None:
+            self.rec.pop(t, None)
+
+    # ---- replaying -------------------------------------------------------------------------
+    def replay(self, n, aliased: bool) -> bool:
+        """Give node n its twin's storage and chains, if they are alike; False if not."""
+        t = self.twin.get(n.id)
+        r = self.rec.get(t) if t is not None else None
+        if r is None:
+            return False
+        lw = self.lw
+        shifts = self._shifts(n, lw.g.node(t))
+        if shifts is None or lw.ctx.lw_dirty != r.dirty_before:
+            return False
+        if (r.out_region is None) != aliased and r.log:
+            return False
+        rows = _shifted(r.rows, shifts, n.id, self.period) if shifts else _renamed(r.rows, n.id)
+        if rows is None or not lw.alloc.replays(r.log):
+            return False
+        c = lw.ctx
+        c.lw_dirty = dict(r.dirty_after)
+        c.sxm_turn ^= r.sxm_flip
+        for u, v in r.load_delta.items():
+            c.mxm_load[u] = c.mxm_load.get(u, 0) + v
+        lw.grid[n.id] = lw.grid[t]
+        if r.out_region is not None:
+            lw.regions[n.id] = r.out_region
+        lw.chains = [Rows(**rows)]
+        self._forget(n.id)
+        if n.id in self.wanted:
+            new = Record()
+            new.log, new.rows, new.dirty_before, new.dirty_after = r.log, rows, r.dirty_before, r.dirty_after
+            new.sxm_flip, new.load_delta, new.out_region = r.sxm_flip, r.load_delta, r.out_region
+            self.rec[n.id] = new
+        self.replayed += 1
+        return True
+
+    def _shifts(self, n, t):
+        """[(twin's input grid, width, d)] for the inputs that moved, or None if n and t differ."""
+        if (n.op, n.shape, n.dtype, n.line, n.col, len(n.inputs)) != (t.op, t.shape, t.dtype, t.line, t.col, len(t.inputs)):
+            return None
+        if not _same_attrs(n.attrs, t.attrs):
+            return None
+        lw, g, kind = self.lw, self.lw.g, self.lw.plan.kind
+        out = []
+        for i, j in zip(n.inputs, t.inputs):
+            a, b = g.node(i), g.node(j)
+            if (kind[i], a.dtype, a.shape) != (kind[j], b.dtype, b.shape):
+                return None
+            if kind[i] == "imm":
+                if not np.array_equal(a.attrs["value"], b.attrs["value"]):
+                    return None
+                continue
+            ga, gb = lw.grid.get(i), lw.grid.get(j)
+            if ga is None or gb is None or ga.shape != gb.shape:
+                return None
+            d = ga - gb
+            d0 = int(d.flat[0]) if d.size else 0
+            if d.size and (np.any(d != d0) or d0 % self.period):
+                return None
+            if d0:
+                out.append((gb, dtype_width(a.dtype), d0))
+        return out
+
+
+def _same_attrs(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k, v in a.items():
+        w = b[k]
+        if isinstance(v, np.ndarray) or isinstance(w, np.ndarray):
+            if not np.array_equal(v, w):
+                return False
+        elif v != w:
+            return False
+    return True
+
+
+def _rows(chains, reg) -> dict:
+    """The chains of one node (Chain, Flat and Rows batches, in order) as one rows dict."""
+    parts, flat = [], Flat()
+    for ch in chains:
+        if isinstance(ch, Rows):
+            if flat.chains:
+                parts.append(flat.rows())
+                flat = Flat()
+            parts.append(ch.rows())
+        elif isinstance(ch, Flat):
+            flat.extend(ch)
+        else:
+            flat.add_chain(ch, reg)
+    if flat.chains:
+        parts.append(flat.rows())
+    if not parts:
+        return dict(_EMPTY)
+    if len(parts) == 1:
+        return parts[0]
+    return {f: np.concatenate([p[f] for p in parts]) for f in FIELDS}
+
+
+def _renamed(rows: dict, node: int) -> dict:
+    out = dict(rows)
+    ch = rows["chains"].copy()
+    ch[:, _NODE] = node
+    out["chains"] = ch
+    return out
+
+
+def _shifted(rows: dict, shifts, node: int, period: int):
+    """The rows with every slot of a moved input shifted (and its READ/WRITE's address), or
+    None where a slot would move by two different amounts or a non-MEM instruction touches one."""
+    slots, delta = [], []
+    for grid, w, d in shifts:
+        s = (grid.reshape(-1)[:, None] + np.arange(w)[None, :]).reshape(-1)
+        slots.append(s)
+        delta.append(np.full(len(s), d, np.int64))
+    slots, delta = np.concatenate(slots), np.concatenate(delta)
+    order = np.argsort(slots, kind="stable")
+    slots, delta = slots[order], delta[order]
+    same = slots[1:] == slots[:-1]
+    if np.any(same & (delta[1:] != delta[:-1])):
+        return None
+
+    def moved(x):
+        if not len(slots) or not len(x):
+            return np.zeros(len(x), np.int64)
+        i = np.minimum(np.searchsorted(slots, x), len(slots) - 1)
+        return np.where(slots[i] == x, delta[i], 0)
+
+    out = _renamed(rows, node)
+    ins = rows["ins"]
+    addr = np.zeros(len(ins), np.int64)
+    for key, col in (("r_data", _R), ("w_data", _W)):
+        data = rows[key]
+        dd = moved(data[:, 0])
+        if not dd.any():
+            continue
+        owner = np.repeat(np.arange(len(ins)), ins[:, col])
+        hit = owner[dd != 0]
+        if np.any(~np.isin(ins[hit, 2], (O.READ, O.WRITE))) or np.any(ins[hit, col] != 1):
+            return None
+        addr[hit] += dd[dd != 0] // period
+        out[key] = data + dd[:, None]
+    if addr.any():
+        ins = ins.copy()
+        ins[:, _ADDR] += addr
+        out["ins"] = ins
+    return out
