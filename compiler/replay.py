@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler.chainspec import FIELDS, Flat, INS_COLS, Rows, _EMPTY
+from lpu.compiler.chainspec import FIELDS, Flat, Rows, _EMPTY
 from lpu.isa import opcodes as O
 from lpu.isa.opcodes import NARGS, dtype_width
 

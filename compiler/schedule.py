@@ -32,34 +32,35 @@ BATCH = 1 << 15     # instructions buffered before a batch is placed
 
 class Placed:
     """Placed instructions: cycle, queue, op, args, line, node per instruction, in chain
-    order, in arrays that grow by doubling (no copy of the whole list per batch)."""
+    order. Each placed batch's arrays are kept as they are (no copy per batch) and joined
+    column by column by `take`."""
 
-    COLS = (("cycle", np.int64, ()), ("queue", np.int32, ()), ("op", np.int32, ()), ("args", np.int32, (NARGS,)),
-            ("line", np.int32, ()), ("node", np.int32, ()))
+    COLS = (("cycle", np.int64), ("queue", np.int32), ("op", np.int32), ("args", np.int32),
+            ("line", np.int32), ("node", np.int32))
 
     def __init__(self):
         self.n = 0
-        self.cols = [np.zeros((1024,) + shape, dt) for _, dt, shape in self.COLS]
+        self.parts: list = []
 
     def add(self, *values):
-        k = len(values[0])
-        if self.n + k > len(self.cols[0]):
-            size = max(2 * len(self.cols[0]), self.n + k)
-            grown = []
-            for col in self.cols:
-                new = np.zeros((size,) + col.shape[1:], col.dtype)
-                new[:self.n] = col[:self.n]
-                grown.append(new)
-            self.cols = grown
-        for col, v in zip(self.cols, values):
-            col[self.n:self.n + k] = v
-        self.n += k
+        self.parts.append([np.asarray(v, dt) for v, (_, dt) in zip(values, self.COLS)])
+        self.n += len(values[0])
 
     def take(self):
-        """The arrays (trimmed views); the Placed is empty afterwards."""
-        out = tuple(col[:self.n] for col in self.cols)
-        self.cols, self.n = [], 0
-        return out
+        """The arrays; the Placed is empty afterwards (each column's batches are freed as soon
+        as the column is joined, so the peak is the whole plus one column)."""
+        parts, self.parts, self.n = self.parts, [], 0
+        out = []
+        for k, (name, dt) in enumerate(self.COLS):
+            cols = [p[k] for p in parts]
+            if not cols:
+                out.append(np.zeros((0, NARGS) if name == "args" else 0, dt))
+            else:
+                out.append(np.concatenate(cols) if len(cols) > 1 else cols[0])
+            for p in parts:
+                p[k] = None
+            del cols
+        return tuple(out)
 
 
 class Scheduler:

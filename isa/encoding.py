@@ -39,9 +39,11 @@ import zlib
 
 import numpy as np
 
+from lpu.isa import encoding_core as C
+from lpu.isa.checks import I32 as _I32, check_instructions  # noqa: F401  (asm imports it from here)
 from lpu.isa.errors import BinaryError, ConfigError
-from lpu.isa.machine import UNIT_ICU, UNIT_NAMES, MachineConfig
-from lpu.isa.opcodes import DTYPE_WIDTH, DTYPES, NARGS, OPS, TABLE_HASH
+from lpu.isa.machine import MachineConfig
+from lpu.isa.opcodes import DTYPES, NARGS, OPS, TABLE_HASH
 from lpu.isa.program import Program, Symbol, config_hash, source_hash
 from lpu.isa.validate import program_problems
 
@@ -51,77 +53,23 @@ SECTIONS = (b"HEAD", b"INST", b"SYMS", b"CNST", b"TABL", b"NODE", b"META")
 _PREAMBLE = len(MAGIC) + 2 + 4
 
 # ---- the per-opcode record layout, derived from the opcode table ------------------------------
-KIND_CODES = {"int": 1, "ref": 2, "dtype": 3, "f32": 4}      # 0: the arg is unused
 _KIND_FORMAT = {"int": "<i4", "ref": "<u2", "dtype": "u1", "f32": "<i4"}
-OP_KINDS = np.zeros((len(OPS), NARGS), np.int8)
-OP_UNIT = np.array([s.unit for s in OPS], np.int64)
-OP_ROLE = np.array([s.role for s in OPS], np.int64)
 _FIELD_OFFSETS = []                    # per opcode: [(arg index, byte offset, numpy dtype)]
 _REC_SIZE = np.zeros(len(OPS), np.int64)
 for _s in OPS:
     _off, _layout = 3, []
     for _j, (_, _kind) in enumerate(_s.fields):
-        OP_KINDS[_s.code, _j] = KIND_CODES[_kind]
         _layout.append((_j, _off, np.dtype(_KIND_FORMAT[_kind])))
         _off += np.dtype(_KIND_FORMAT[_kind]).itemsize
     _FIELD_OFFSETS.append(_layout)
     _REC_SIZE[_s.code] = _off + 8      # + line u32 + node i32
-_I32 = (-2**31, 2**31 - 1)
-
-
-# ---- validation shared by the encoder, the decoder and the assembler ---------------------------
-def check_instructions(machine: MachineConfig, queue, op, args, line=None, node=None, n_nodes=None):
-    """The first invalid instruction as (index, message), or None if all are valid."""
-    queue, op, args = (np.asarray(a, np.int64) for a in (queue, op, args))
-    n = op.shape[0]
-    if queue.shape != (n,) or args.shape != (n, NARGS):
-        return 0, f"columns have shapes {queue.shape}, {op.shape}, {args.shape}; expected ({n},), ({n}, {NARGS})"
-    first = None
-
-    def flag(bad, message):
-        nonlocal first
-        idx = np.flatnonzero(bad)
-        if idx.size and (first is None or idx[0] < first[0]):
-            first = (int(idx[0]), message)
-
-    flag((op < 0) | (op >= len(OPS)), lambda i: f"unknown opcode {op[i]}")
-    nq = len(machine.queues)
-    flag((queue < 0) | (queue >= nq), lambda i: f"queue {queue[i]} does not exist (machine '{machine.name}' has {nq})")
-    if first is not None:
-        return first[0], first[1](first[0])
-    q_unit = np.array([q[1] for q in machine.queues], np.int64)[queue]
-    q_role = np.array([q[3] for q in machine.queues], np.int64)[queue]
-    unit, role = OP_UNIT[op], OP_ROLE[op]
-    flag((unit != UNIT_ICU) & (unit != q_unit), lambda i: (
-        f"{OPS[op[i]].name} runs on a {UNIT_NAMES[unit[i]]} queue, not on {machine.queues[queue[i]][0]}"))
-    flag((unit != UNIT_ICU) & (unit == q_unit) & (role >= 0) & (role != q_role), lambda i: (
-        f"{OPS[op[i]].name} does not run on queue {machine.queues[queue[i]][0]} (wrong MXM queue role)"))
-    kinds = OP_KINDS[op]
-
-    def name(i, j):
-        return f"{OPS[op[i]].name} field '{OPS[op[i]].fields[j][0]}'"
-
-    for j in range(NARGS):
-        k, v = kinds[:, j], args[:, j]
-        flag((k == 0) & (v != 0), lambda i, j=j: f"{OPS[op[i]].name} uses {len(OPS[op[i]].fields)} "
-             f"fields but arg {j} is {args[i, j]}, not 0")
-        flag(((k == 1) | (k == 4)) & ((v < _I32[0]) | (v > _I32[1])),
-             lambda i, j=j: f"{name(i, j)} = {args[i, j]} does not fit in 32 bits")
-        flag((k == 3) & ((v < 0) | (v >= len(DTYPES))), lambda i, j=j: f"{name(i, j)} = {args[i, j]} is not a dtype code")
-        dt, d, st = np.clip(v // 256, 0, len(DTYPES) - 1), (v // 64) % 4, v % 64
-        width = np.asarray(DTYPE_WIDTH)[dt]
-        flag((k == 2) & ((v < 0) | (v // 256 >= len(DTYPES)) | (d > 1)
-                         | (st + width > machine.streams_per_direction)),
-             lambda i, j=j: f"{name(i, j)} = {args[i, j]} is not a stream ref on a machine with "
-             f"{machine.streams_per_direction} streams per direction")
-    if line is not None:
-        line = np.asarray(line, np.int64)
-        flag((line < 0) | (line > _I32[1]), lambda i: f"line {line[i]} out of range")
-    if node is not None:
-        node = np.asarray(node, np.int64)
-        top = _I32[1] if n_nodes is None else n_nodes - 1
-        flag((node < -1) | (node > top), lambda i: f"node {node[i]} out of range (program has {n_nodes} nodes)")
-    return None if first is None else (first[0], first[1](first[0]))
+# the same layout as arrays for the jitted loops (encoding_core.py)
+_FOFF = np.zeros((len(OPS), NARGS), np.int64)
+_FSIZE = np.zeros((len(OPS), NARGS), np.int64)
+_FSIGNED = np.zeros((len(OPS), NARGS), np.bool_)
+for _code, _layout in enumerate(_FIELD_OFFSETS):
+    for _j, _off, _dt in _layout:
+        _FOFF[_code, _j], _FSIZE[_code, _j], _FSIGNED[_code, _j] = _off, _dt.itemsize, _dt.kind == "i"
 
 
 # ---- writing -----------------------------------------------------------------------------------
@@ -129,8 +77,8 @@ class _Writer:
     def __init__(self):
         self.parts = []
 
-    def raw(self, b: bytes):
-        self.parts.append(bytes(b))
+    def raw(self, b):
+        self.parts.append(b if isinstance(b, (bytes, memoryview)) else bytes(b))
 
     def uvar(self, v: int):
         if v < 0:
@@ -167,35 +115,17 @@ class _Writer:
         self.uvar(w)
         self.raw(delta.astype(f"<i{w}").tobytes())
 
-    def getvalue(self) -> bytes:
-        return b"".join(self.parts)
-
 
 def _encode_instructions(p: Program, w: _Writer):
-    op = np.asarray(p.op, np.int64)
+    op = np.asarray(p.op)
     n = op.shape[0]
     bad = check_instructions(p.machine, p.queue, op, p.args, p.line, p.node, len(p.nodes))
     if bad:
         raise BinaryError(f"cannot encode: instruction {bad[0]}: {bad[1]}")
-    sizes = _REC_SIZE[op]
-    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if n else np.zeros(0, np.int64)
-    buf = np.zeros(int(sizes.sum()), np.uint8)
-
-    def put(at, values, dt):
-        b = np.asarray(values).astype(dt).view(np.uint8).reshape(len(at), dt.itemsize)
-        buf[at[:, None] + np.arange(dt.itemsize)] = b
-
-    put(offs, p.queue, np.dtype("<u2"))
-    put(offs + 2, op, np.dtype("u1"))
-    put(offs + sizes - 8, p.line, np.dtype("<u4"))
-    put(offs + sizes - 4, p.node, np.dtype("<i4"))
-    args = np.asarray(p.args, np.int64)
-    for code in np.unique(op):
-        idx = np.flatnonzero(op == code)
-        for j, off, dt in _FIELD_OFFSETS[code]:
-            put(offs[idx] + off, args[idx, j], dt)
+    buf = C.encode_records(np.asarray(p.queue), np.asarray(p.op), np.asarray(p.args), np.asarray(p.line),
+                           np.asarray(p.node), _REC_SIZE, _FOFF, _FSIZE)
     w.raw(struct.pack("<I", n))
-    w.raw(buf.tobytes())
+    w.raw(memoryview(buf).cast("B"))
 
 
 def _encode_symbols(p: Program, w: _Writer):
@@ -268,15 +198,24 @@ _ENCODERS = (_encode_head, _encode_instructions, _encode_symbols, _encode_consts
 
 def encode(program: Program) -> bytes:
     """The `.lpubin` bytes of `program` (deterministic)."""
-    body = bytearray()
+    return b"".join(_chunks(program))
+
+
+def _chunks(program: Program) -> list:
+    """The `.lpubin` file as a list of byte strings (no copy of the whole: a 14M-instruction
+    program is ~250 MB), the checksum last."""
+    out = []
     for tag, enc in zip(SECTIONS, _ENCODERS):
         w = _Writer()
         enc(program, w)
-        part = w.getvalue()
-        body += tag + struct.pack("<I", len(part)) + part
-    head = MAGIC + struct.pack("<HI", FORMAT_VERSION, len(body) + 4)
-    data = head + bytes(body)
-    return data + struct.pack("<I", zlib.crc32(data))
+        out.append(tag + struct.pack("<I", sum(len(p) for p in w.parts)))
+        out.extend(w.parts)
+    out.insert(0, MAGIC + struct.pack("<HI", FORMAT_VERSION, sum(len(p) for p in out) + 4))
+    crc = 0
+    for part in out:
+        crc = zlib.crc32(part, crc)
+    out.append(struct.pack("<I", crc))
+    return out
 
 
 # ---- reading -----------------------------------------------------------------------------------
@@ -367,34 +306,13 @@ def _read_instructions(r: _Reader, machine):
     n = struct.unpack("<I", r.take(4))[0]
     if n * int(_REC_SIZE.min()) > r.end - r.pos:
         raise _Truncated(f"{r.section} ({n} instructions do not fit in its {r.end - r.pos} bytes)")
-    data, pos, offs = r.data, r.pos, np.zeros(n, np.int64)
-    nops, sizes = len(OPS), _REC_SIZE.tolist()
-    for i in range(n):
-        if pos + 3 > r.end:
-            raise _Truncated(f"{r.section} (instruction {i} of {n})")
-        code = data[pos + 2]
-        if code >= nops:
-            r.fail(f"instruction {i}: unknown opcode {code}")
-        offs[i] = pos
-        pos += sizes[code]
-    if pos > r.end:
-        raise _Truncated(f"{r.section} (instruction {n - 1} of {n})")
-    buf = np.frombuffer(data, np.uint8, count=pos - r.pos, offset=r.pos)
-    offs -= r.pos
-    r.pos = pos
-
-    def get(at, dt):
-        return buf[at[:, None] + np.arange(dt.itemsize)].copy().view(dt).reshape(-1).astype(np.int64)
-
-    op = get(offs + 2, np.dtype("u1"))
-    sizes = _REC_SIZE[op]
-    queue = get(offs, np.dtype("<u2"))
-    line, node = get(offs + sizes - 8, np.dtype("<u4")), get(offs + sizes - 4, np.dtype("<i4"))
-    args = np.zeros((n, NARGS), np.int64)
-    for code in np.unique(op):
-        idx = np.flatnonzero(op == code)
-        for j, off, dt in _FIELD_OFFSETS[code]:
-            args[idx, j] = get(offs[idx] + off, dt)
+    buf = np.frombuffer(r.data, np.uint8, count=r.end - r.pos, offset=r.pos)
+    status, i, queue, op, args, line, node, used = C.decode_records(buf, n, _REC_SIZE, _FOFF, _FSIZE, _FSIGNED, NARGS)
+    if status == 1:
+        r.fail(f"instruction {i}: unknown opcode {int(buf[used + 2])}")
+    if status == 2:
+        raise _Truncated(f"{r.section} (instruction {i} of {n})")
+    r.pos += int(used)
     return queue, op, args, line, node
 
 
@@ -548,12 +466,13 @@ def _validate(program: Program) -> None:
 # ---- files -------------------------------------------------------------------------------------
 def save(program: Program, path: str) -> None:
     """Write `program` to `path` atomically (a temporary file in the same folder, then a rename)."""
-    data = encode(program)
+    chunks = _chunks(program)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".lpubin-", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for part in chunks:
+                f.write(part)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

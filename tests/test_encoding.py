@@ -312,3 +312,38 @@ def test_binary_of_another_instruction_set_is_refused_by_name():
     other = fix_header(data.replace(TABLE_HASH.encode(), b"0" * len(TABLE_HASH)))
     with pytest.raises(BinaryError, match="another version of lpu"):
         decode(other)
+
+
+@pytest.mark.parametrize("damage", ["opcode", "queue", "unit", "unused arg", "ref", "dtype", "line", "node", "none"])
+def test_jitted_check_finds_what_numpy_finds(damage):
+    """Large programs are checked by one jitted pass (encoding_core.first_invalid); it must
+    name the same instruction, with the same message, as the numpy rules."""
+    from lpu.isa import checks as E
+    p = every_opcode_program(TINY, per_op=3)
+    reps = -(-E.JIT_MIN // len(p.op)) + 1
+    q, o, a = np.tile(p.queue, reps), np.tile(p.op, reps), np.tile(p.args, (reps, 1))
+    line, node = np.tile(p.line, reps), np.tile(p.node, reps)
+    rng = np.random.default_rng(len(damage))
+    i = int(rng.integers(len(o) // 2, len(o)))
+    read = np.flatnonzero(o == BY_NAME["READ"].code)
+    iw = np.flatnonzero(o == BY_NAME["IW"].code)
+    if damage == "opcode":
+        o[i] = len(OPS) + 3
+    elif damage == "queue":
+        q[i] = len(TINY.queues)
+    elif damage == "unit":
+        i = int(read[-1]); q[i] = TINY.vxm_queue(0)
+    elif damage == "unused arg":
+        i = int(read[-2]); a[i, NARGS - 1] = 5
+    elif damage == "ref":
+        i = int(read[-3]); a[i, 2] = make_ref(1, 0, TINY.streams_per_direction - 1)
+    elif damage == "dtype":
+        i = int(iw[-1]); a[i, 0] = len(DTYPES)
+    elif damage == "line":
+        line[i] = -4
+    elif damage == "node":
+        node[i] = 2
+    got = E.check_instructions(TINY, q, o, a, line, node, 2)
+    want = E._first_numpy(TINY, q, o, a, line, node, 2)
+    assert len(o) >= E.JIT_MIN and got == want
+    assert (got is None) == (damage == "none")
