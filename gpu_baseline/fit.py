@@ -70,7 +70,7 @@ def fit_gpu(name: str, cases: list[dict]):
               if p != "attention_efficiency" or any(c["workload"].startswith("attn_") for c in kern)]
 
     def kernel_loss(g):
-        return _loss([(cost_graph(graphs[c["id"]], g, "none", inputs_in_l2=c.get("inputs_in_l2", False)).total_us,
+        return _loss([(cost_graph(graphs[c["id"]], g, "none", **validate.kernel_options(c)).total_us,
                        c["measured"]) for c in kern])
 
     cfg = _search(dataclasses.replace(cfg, **{p: START[p] for p in params}), params, kernel_loss)

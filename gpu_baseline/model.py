@@ -131,12 +131,14 @@ def _read_inputs(n) -> tuple:
 
 
 def cost_graph(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: bool = True,
-               gpus: int = 1, host: bool = False, inputs_in_l2: bool = False) -> GpuCost:
+               gpus: int = 1, host: bool = False, inputs_in_l2=False,
+               row_style: str = "vector") -> GpuCost:
     """Kernels of `graph` on one GPU, or on each GPU of a tensor-parallel group of `gpus` (the
     all-reduces are kernels too). host=True adds the config's host time per forward pass (for
     end-to-end figures). launch: "stream", "graph", or "none" (kernel durations alone).
     inputs_in_l2: graph inputs that fit in L2 are read from there (a preceding kernel wrote them;
-    per-operator profiles of a running model)."""
+    per-operator profiles of a running model); True for every input, or a list of input names. row_style: how the memory-bound (non-GEMM) kernels
+    load their data, "vector" (16-byte loads, PyTorch) or "scalar" (row_chain_us)."""
     gpu.launch_us(launch)                               # validates the mode
     if gpus not in GROUP_SIZES:
         raise ConfigError(f"a GPU group has {', '.join(map(str, GROUP_SIZES))} GPUs, got {gpus}")
@@ -146,7 +148,8 @@ def cost_graph(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: boo
     if fuse:
         kernels = _merge_attention(graph, nodes, free, kernels, kernel_of)
     tp = tensor_parallel.plan(nodes, free, gpus) if gpus > 1 else None
-    ops = [_cost_kernel(graph, nodes, free, k, kernel_of, gpu, launch, tp, inputs_in_l2) for k in kernels]
+    ops = [_cost_kernel(graph, nodes, free, k, kernel_of, gpu, launch, tp, inputs_in_l2, row_style)
+           for k in kernels]
     if tp:
         for nid, nbytes in tp.allreduce:
             body = tensor_parallel.allreduce_us(gpu, gpus, nbytes)
@@ -340,8 +343,46 @@ def _flash_compute_us(gpu: GpuConfig, batch: int, m: int, cols: int, flops: floa
     return 1e6 * per_sm / rate_sm
 
 
+THREADS_PER_SM = 2048        # resident threads per SM on sm_80 and sm_90 (CUDA C++ Programming Guide,
+                             # "Compute Capabilities" table: A100, H100, H200)
+ROW_STYLES = {"vector": 16, "scalar": 0}   # bytes per load; 0: one element per load
+
+
+def row_chain_us(nodes, k, gpu: GpuConfig, split: dict, passes: int, style: str = "vector") -> float:
+    """The chain of dependent loads a memory-bound kernel waits on, at the config's loaded memory
+    latency (hbm_latency_us; the queueing under load is the bytes term beside it, at the HBM peak:
+    time = fixed + chain + bytes / bandwidth, an M/M/1 queue's delay): each thread issues a load, waits for it, moves on. A row kernel (with
+    a reduction) runs a block of up to 1,024 threads per row, each thread taking ceil(D / (threads
+    x elements per load)) steps per pass over its row (a reduction that feeds its own ops makes a
+    pass more); blocks fill THREADS_PER_SM per SM in waves. An elementwise kernel gives each thread
+    one load of every input. style "vector": 16-byte loads (PyTorch's vectorized kernels);
+    "scalar": one element per load and one block per row for every op (the vLLM / Sarathi
+    kernels of 2023, which Vidur profiled)."""
+    if style not in ROW_STYLES:
+        raise ConfigError(f"row kernel style must be one of {', '.join(ROW_STYLES)}, got {style!r}")
+    out = max((nodes[m] for m in k.members), key=lambda n: n.size)
+    reads = [nodes[b] for m in k.members for i in _read_inputs(nodes[m]) for b in [i] if b not in k.members]
+    itemsize = min((n.nbytes / max(n.size, 1) for n in reads if n.size), default=2.0)
+    per_load = max(1, int(ROW_STYLES[style] // itemsize))
+    red = [nodes[m] for m in k.members if nodes[m].op in REDUCE]
+    if red:
+        src = nodes[red[0].inputs[0]]
+        d = src.shape[int(red[0].attrs.get("axis", -1))]
+        elems = src.size / split.get(src.id, 1)
+    elif style == "scalar" and out.shape:
+        d, elems = out.shape[-1], out.size / split.get(out.id, 1)
+    else:                                   # grid-wide elementwise: one load per thread and input
+        slots = out.size / split.get(out.id, 1) / per_load
+        return gpu.hbm_latency_us * max(1.0, slots / (THREADS_PER_SM * gpu.sm_count))
+    rows = max(1.0, elems / max(d, 1))
+    threads = min(1024, 32 * math.ceil(math.ceil(d / per_load) / 32))
+    steps = math.ceil(d / (threads * per_load))
+    waves = max(1.0, rows / (max(1, THREADS_PER_SM // threads) * gpu.sm_count))
+    return gpu.hbm_latency_us * passes * steps * waves
+
+
 def _cost_kernel(graph, nodes, free, k: _Kernel, kernel_of, gpu: GpuConfig, launch: str, tp=None,
-                 inputs_in_l2: bool = False) -> OpCost:
+                 inputs_in_l2=False, row_style: str = "vector") -> OpCost:
     members = set(k.members)
     split = tp.split if tp else {}
     causal = [nodes[m] for m in k.members if nodes[m].op == "causal"]
@@ -396,22 +437,26 @@ def _cost_kernel(graph, nodes, free, k: _Kernel, kernel_of, gpu: GpuConfig, laun
             hbm += float(nodes[n.inputs[1]].nbytes) / split.get(m, 1)      # the state (KV cache) lives in HBM
         elif _consumers(graph, nodes, free, m) - members:
             nb = float(n.nbytes) / split.get(m, 1)
-            if _in_l2(n, gpu):
+            if _in_l2(n, gpu, written=not k.has_matmul):
                 l2 += nb
             else:
                 hbm += nb
     extra_passes = 0 if k.flash else sum(
         1 for m in k.members if nodes[m].op in REDUCE and any(u in members for u in graph.users(m)))
-    if extra_passes:          # a row kernel whose reduction feeds its own ops re-reads its input
-        rh = sum(nb / split.get(b, 1) for b, nb in reads.items() if not _in_l2(nodes[b], gpu, inputs_in_l2))
-        rl = sum(nb / split.get(b, 1) for b, nb in reads.items()) - rh
-        hbm, l2 = hbm + extra_passes * rh, l2 + extra_passes * rl
+    row = not k.has_matmul
+    if extra_passes:          # a row kernel whose reduction feeds its own ops re-reads its rows,
+        # which the same thread block just read: from L1/L2, not HBM
+        l2 += extra_passes * sum(nb / split.get(b, 1) for b, nb in reads.items())
     eff = gpu.hbm_efficiency
     memory_us = 1e6 * (hbm / (gpu.hbm_gbs * 1e9 * eff) + l2 / (gpu.l2_gbs * 1e9 * eff))
 
-    fixed = gpu.gemm_fixed_us if k.has_matmul else gpu.kernel_fixed_us
-    latency_us = fixed + extra_passes * gpu.hbm_latency_us
-    body = max(compute_us, memory_us) + latency_us
+    if row:                   # memory-bound kernel: fixed + its chain of dependent loads + bytes
+        memory_us = 1e6 * (hbm / (gpu.hbm_gbs * 1e9) + l2 / (gpu.l2_gbs * 1e9))
+        latency_us = gpu.kernel_fixed_us + row_chain_us(nodes, k, gpu, split, 1 + extra_passes, row_style)
+        body = max(compute_us, memory_us + latency_us)
+    else:
+        latency_us = gpu.gemm_fixed_us
+        body = max(compute_us, memory_us) + latency_us
     time_us, launch_us = _with_launch(gpu, launch, body)
     parts = {"compute": compute_us, "hbm": memory_us, "latency": latency_us, "launch": launch_us}
     bound = max(BOUNDS[:4], key=lambda b: parts[b])
@@ -434,12 +479,15 @@ def _with_launch(gpu: GpuConfig, launch: str, body_us: float) -> tuple:
     return t, t - body_us
 
 
-def _in_l2(n, gpu: GpuConfig, inputs_in_l2: bool = False) -> bool:
+def _in_l2(n, gpu: GpuConfig, inputs_in_l2=False, written: bool = False) -> bool:
     """Computed intermediates that fit in L2 stay there; weights and states come from HBM, and
-    so do inputs unless a preceding kernel just wrote them (inputs_in_l2)."""
+    so do inputs unless a preceding kernel just wrote them (inputs_in_l2). A row kernel's output
+    (written=True) stays in L2 only when it fits in a quarter of it, as inputs do: a row kernel
+    streams its input through L2 while it writes, and dirty lines beyond that go back to HBM."""
     if n.op in LEAVES:            # a quarter of L2: the rest holds other data (and is split in two halves)
-        return inputs_in_l2 and n.op == "input" and n.nbytes <= gpu.l2_bytes / 4
-    return n.op != "store" and n.nbytes <= gpu.l2_bytes
+        hot = inputs_in_l2 is True or (isinstance(inputs_in_l2, (list, tuple)) and n.attrs.get("name") in inputs_in_l2)
+        return hot and n.op == "input" and n.nbytes <= gpu.l2_bytes / 4
+    return n.op != "store" and n.nbytes <= gpu.l2_bytes / (4 if written else 1)
 
 
 # ---- summaries -------------------------------------------------------------------------------
