@@ -296,10 +296,12 @@ def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, i
     """cuBLAS-like heuristic: of the config's tiles and split-K factors, the plan with the least
     time. Each thread block computes a padded tile_m x tile_n x (K / split) block at the SM's
     share of the tensor peak x tensor_efficiency; blocks run in waves of sm_count. Operands come
-    from HBM once (L2 serves the re-reads) at the share of the SMs that have a block; split-K adds
-    f32 partials and one reduce kernel."""
+    from HBM once at the share of the SMs that have a block, and L2 serves every block its
+    (tile_m + tile_n) x K operands (small tiles on a fast GPU are L2-bound); split-K adds f32
+    partials and one reduce kernel."""
     rate_sm = peak * gpu.tensor_efficiency / gpu.sm_count
     bw = gpu.hbm_gbs * 1e9 * gpu.hbm_efficiency
+    l2_bw = gpu.l2_gbs * 1e9 * gpu.hbm_efficiency
     base = batch * (m * k + n * k) * in_bytes + batch * m * n * out_bytes
     best = None
     for tm, tn in gpu.gemm_tiles:
@@ -314,6 +316,8 @@ def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, i
             compute = 1e6 * waves * 2.0 * tm * tn * math.ceil(k / s) / rate_sm
             # fewer blocks than SMs leave SMs idle; an SM streams up to twice its share (assumption)
             memory = 1e6 * (base + (2 * s * batch * m * n * 4 if s > 1 else 0)) / bw / min(1.0, 2 * ctas / gpu.sm_count)
+            # every block streams its A rows and B columns through L2: small tiles re-read more
+            memory = max(memory, 1e6 * ctas * (tm + tn) * math.ceil(k / s) * in_bytes / l2_bw)
             t = max(compute, memory) + (gpu.kernel_fixed_us if s > 1 else 0.0)   # + the reduce kernel
             if best is None or t < best.time_us:
                 best = GemmPlan(tm, tn, s, ctas, waves, compute, memory, t)

@@ -168,10 +168,10 @@ def test_gemm_plan_picks_small_tiles_and_split_k_for_narrow_shapes():
     # narrow N at one token: split-K fills the SMs (cuBLAS used splitK for 1x8192x1280 on the H200)
     p = gemm_plan(H200, 1, 1, 8192, 1280, peak)
     assert p.split_k > 1 and 2 * p.ctas >= H200.sm_count
-    # 512 x 4096 x 4096: tiles small enough to fill the 132 SMs (one 128x128 tile per SM would
-    # leave half of them idle: the wave quantization the old model paid)
+    # 512 x 4096 x 4096: about one block per SM (cuBLAS ran 128 blocks of 128x128 on the 132 SMs,
+    # data/gemm-kernels-h200.json), not a 64x64 grid of 512 blocks that L2 cannot feed
     p = gemm_plan(H200, 1, 512, 4096, 4096, peak)
-    assert p.ctas >= H200.sm_count and p.tile_m <= 128
+    assert 0.9 * H200.sm_count <= p.ctas <= 2 * H200.sm_count and p.tile_m <= 128
     # a big GEMM: whole waves, at the fitted tensor efficiency
     p = gemm_plan(H200, 1, 8192, 8192, 8192, peak)
     achieved = 2 * 8192 ** 3 / (p.compute_us * 1e-6) / peak
