@@ -350,6 +350,10 @@ def _flash_compute_us(gpu: GpuConfig, batch: int, m: int, cols: int, flops: floa
 THREADS_PER_SM = 2048        # resident threads per SM on sm_80 and sm_90 (CUDA C++ Programming Guide,
                              # "Compute Capabilities" table: A100, H100, H200)
 ROW_STYLES = {"vector": 16, "scalar": 0}   # bytes per load; 0: one element per load
+# A pass that re-reads a row the same block has just read finds it in L1 or L2: assumption, at half
+# the DRAM latency. Chosen among 1, 0.5, 0.25 and 0 by the fit-set loss of fit.py (H100 0.0774,
+# 0.0761, 0.0793, 0.0822; H200 0.0692, 0.0678, 0.0691, 0.0705; A100's fit set has no row norm).
+REREAD_LATENCY = 0.5
 
 
 def row_chain_us(nodes, k, gpu: GpuConfig, split: dict, passes: int, style: str = "vector") -> float:
@@ -358,7 +362,7 @@ def row_chain_us(nodes, k, gpu: GpuConfig, split: dict, passes: int, style: str 
     time = fixed + chain + bytes / bandwidth, an M/M/1 queue's delay): each thread issues a load, waits for it, moves on. A row kernel (with
     a reduction) runs a block of up to 1,024 threads per row, each thread taking ceil(D / (threads
     x elements per load)) steps per pass over its row (a reduction that feeds its own ops makes a
-    pass more); blocks fill THREADS_PER_SM per SM in waves. An elementwise kernel gives each thread
+    pass more, at REREAD_LATENCY); blocks fill THREADS_PER_SM per SM in waves. An elementwise kernel gives each thread
     one load of every input. style "vector": 16-byte loads (PyTorch's vectorized kernels);
     "scalar": one element per load and one block per row for every op (the vLLM / Sarathi
     kernels of 2023, which Vidur profiled)."""
@@ -382,7 +386,7 @@ def row_chain_us(nodes, k, gpu: GpuConfig, split: dict, passes: int, style: str 
     threads = min(1024, 32 * math.ceil(math.ceil(d / per_load) / 32))
     steps = math.ceil(d / (threads * per_load))
     waves = max(1.0, rows / (max(1, THREADS_PER_SM // threads) * gpu.sm_count))
-    return gpu.hbm_latency_us * passes * steps * waves
+    return gpu.hbm_latency_us * (1 + REREAD_LATENCY * (passes - 1)) * steps * waves
 
 
 def _cost_kernel(graph, nodes, free, k: _Kernel, kernel_of, gpu: GpuConfig, launch: str, tp=None,
