@@ -368,8 +368,10 @@ def row_chain_us(nodes, k, gpu: GpuConfig, split: dict, passes: int, style: str 
     kernels of 2023, which Vidur profiled)."""
     if style not in ROW_STYLES:
         raise ConfigError(f"row kernel style must be one of {', '.join(ROW_STYLES)}, got {style!r}")
-    out = max((nodes[m] for m in k.members), key=lambda n: n.size)
-    reads = [nodes[b] for m in k.members for i in _read_inputs(nodes[m]) for b in [i] if b not in k.members]
+    # a store writes its value into a state (a KV cache row), not the whole state
+    out = max((nodes[nodes[m].inputs[1]] if nodes[m].op == "store" else nodes[m] for m in k.members),
+              key=lambda n: n.size)
+    reads = [nodes[i] for m in k.members for i in _read_inputs(nodes[m]) if i not in k.members]
     itemsize = min((n.nbytes / max(n.size, 1) for n in reads if n.size), default=2.0)
     per_load = max(1, int(ROW_STYLES[style] // itemsize))
     red = [nodes[m] for m in k.members if nodes[m].op in REDUCE]

@@ -194,6 +194,10 @@ def test_row_kernel_model():
     big_v = cost_graph(workloads.rmsnorm(4096, 4096), A100, "none").total_us
     bytes_us = 2 * 4096 * 4096 * 2 / (A100.hbm_gbs * 1e3)
     assert big_s > big_v > bytes_us + A100.kernel_fixed_us
+    # an unfused KV-cache store writes one row: its chain does not grow with the cache
+    stores = [[o.time_us for o in cost_graph(workloads.decode_step(ctx, layers=1), A100, "none", fuse=False).ops
+               if o.op == "store"] for ctx in (256, 32768)]
+    assert stores[0] == pytest.approx(stores[1]) and max(stores[1]) < 2 * A100.kernel_fixed_us
     with pytest.raises(ConfigError, match="row kernel style"):
         cost_graph(workloads.rmsnorm(1, 4096), A100, row_style="wide")
 
