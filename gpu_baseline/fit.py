@@ -4,7 +4,8 @@
     python -m lpu.gpu_baseline.fit [--write]
 
 Stage 1, on the per-kernel fit cases of a GPU: tensor_efficiency, hbm_efficiency,
-gemm_fixed_us, kernel_fixed_us, and attention_efficiency where the fit set has attention kernels.
+gemm_fixed_us, kernel_fixed_us (the fixed part of a memory-bound kernel and of a split-K reduce),
+and attention_efficiency where the fit set has attention kernels.
 Stage 2, on its published end-to-end fit cases, with the kernels as stage 1 left them: the host
 time per pass of CUDA-graph and of stream-launched runs (it enters a pass additively, so stage 2
 is exact). The all-reduce latency is not fitted: against gpt-fast's figures it trades off with

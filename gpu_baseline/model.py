@@ -12,18 +12,18 @@ Passes, in order:
   3. attention: with fuse=True, score GEMM -> row softmax kernel -> value GEMM chains whose
               intermediates have no other consumer merge into one flash-attention kernel
               (scores never leave the SM; a causal mask skips the masked half of the work).
-  4. cost:    per kernel, time = max(compute, memory) + fixed + launch.
+  4. cost:    per kernel. GEMM and attention kernels: max(compute, memory) + gemm_fixed_us.
               compute: GEMMs by gemm_plan (a cuBLAS-like choice of output tile and split-K from
               the config's tiles, wave-quantized over the SMs at the tensor peak x tensor
-              efficiency); flash attention by query-row blocks at the tensor peak x attention
-              efficiency; other flops at the CUDA-core f32 peak x CUDA efficiency.
-              memory: bytes at HBM bandwidth x HBM efficiency, or at L2 bandwidth for
-              intermediates that fit in L2. Weights and states (KV cache) stream from HBM, read
-              once per kernel; a row kernel whose reduction feeds its own ops re-reads its input
-              once per such reduction.
-              fixed: gemm_fixed_us for GEMM and attention kernels, kernel_fixed_us for others,
-              plus HBM latency per extra pass. launch: none (kernel durations), CUDA graph (a gap
-              per kernel) or stream (a kernel costs at least one host launch).
+              efficiency, steered away from tiles L2 cannot feed); flash attention by query-row
+              blocks at the tensor peak x attention efficiency. memory: bytes at HBM bandwidth x
+              HBM efficiency, or at L2 bandwidth for intermediates that fit in L2. Weights and
+              states (KV cache) stream from HBM, read once per kernel.
+              Memory-bound kernels (norms, softmax, elementwise, stores): kernel_fixed_us + the
+              chain of dependent loads (row_chain_us, at the DRAM latency; a reduction that feeds
+              its own ops adds a pass over the row, re-read from L1/L2) + bytes at the HBM and L2
+              peaks; CUDA-core flops bound it from below. launch: none (kernel durations), CUDA
+              graph (a gap per kernel) or stream (a kernel costs at least one host launch).
   5. groups:  with gpus > 1, tensor_parallel.py splits the graph Megatron-style; each GPU's
               kernels shrink and an all-reduce follows every row-parallel matmul.
 
