@@ -276,6 +276,10 @@ def _tensor_peak(gpu: GpuConfig, da: str, db: str):
 
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+# cuBLAS 13 on the H200 split K for 1 to 256 rows and never from 512 rows up (data/gemm-kernels-h200.json,
+# Llama shapes); taken for every GPU. Fit-set loss of fit.py without / with the limit: A100 0.0772 / 0.0778,
+# H100 0.0761 / 0.0735, H200 0.0678 / 0.0653.
+SPLIT_K_MAX_ROWS = 256
 MIN_K_PER_SPLIT = 256         # assumption: split-K slices no thinner than 256 (cuBLAS k-tiles of 64 x 4 stages)
 
 
@@ -309,7 +313,7 @@ def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, i
             continue
         tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
         for s in SPLITS:
-            if s > 1 and (k / s < MIN_K_PER_SPLIT or tiles >= gpu.sm_count):
+            if s > 1 and (k / s < MIN_K_PER_SPLIT or tiles >= gpu.sm_count or m > SPLIT_K_MAX_ROWS):
                 break
             ctas = tiles * s
             waves = math.ceil(ctas / gpu.sm_count)

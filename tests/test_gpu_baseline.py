@@ -289,8 +289,10 @@ def test_tensor_parallel_decode_within_target(rows):
 
 # What the model holds today (asserted so that a regression fails); the targets above are
 # met where these equal them. See the README's GPU section for the misses and why.
-HELD_OUT_MEDIAN_BY_GPU = {"a100-80gb": HELD_OUT_MEDIAN, "h100-sxm": 0.055, "h200": 0.06}
-HELD_OUT_WORST_BY_GPU = {"a100-80gb": 0.31, "h100-sxm": 0.27, "h200": 0.40}
+HELD_OUT_MEDIAN_BY_GPU = {"a100-80gb": HELD_OUT_MEDIAN, "h100-sxm": HELD_OUT_MEDIAN, "h200": 0.06}
+# A100: gpt-fast's Llama-3.1-70B on 2 GPUs (+30%), a figure at 1,131 GB/s per GPU by gpt-fast's own
+# bandwidth column against 1,482 for Llama-2-70B on 2 GPUs; every other held-out A100 case is within 25%
+HELD_OUT_WORST_BY_GPU = {"a100-80gb": 0.31, "h100-sxm": HELD_OUT_WORST, "h200": 0.40}
 
 
 @pytest.mark.parametrize("gpu", GPUS)
