@@ -4,7 +4,8 @@
     python -m lpu.gpu_baseline.fit [--write]
 
 Stage 1, on the per-kernel fit cases of a GPU: tensor_efficiency, hbm_efficiency,
-gemm_fixed_us, kernel_fixed_us, and attention_efficiency where the fit set has attention kernels.
+gemm_fixed_us, kernel_fixed_us (the fixed part of a memory-bound kernel and of a split-K reduce),
+and attention_efficiency where the fit set has attention kernels.
 Stage 2, on its published end-to-end fit cases, with the kernels as stage 1 left them: the host
 time per pass of CUDA-graph and of stream-launched runs (it enters a pass additively, so stage 2
 is exact). The all-reduce latency is not fitted: against gpt-fast's figures it trades off with
@@ -70,7 +71,7 @@ def fit_gpu(name: str, cases: list[dict]):
               if p != "attention_efficiency" or any(c["workload"].startswith("attn_") for c in kern)]
 
     def kernel_loss(g):
-        return _loss([(cost_graph(graphs[c["id"]], g, "none", inputs_in_l2=c.get("inputs_in_l2", False)).total_us,
+        return _loss([(cost_graph(graphs[c["id"]], g, "none", **validate.kernel_options(c)).total_us,
                        c["measured"]) for c in kern])
 
     cfg = _search(dataclasses.replace(cfg, **{p: START[p] for p in params}), params, kernel_loss)

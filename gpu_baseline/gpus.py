@@ -32,7 +32,7 @@ class GpuConfig:
     tensor_efficiency: float  # achievable fraction of the tensor peaks by cuBLAS-class GEMMs
     cuda_efficiency: float    # achievable fraction of cuda_f32_tflops by elementwise kernels
     attention_efficiency: float  # achievable fraction of the tensor peak in fused (flash) attention
-    kernel_fixed_us: float    # fixed duration of an elementwise / row kernel (ramp-up, tail, first loads)
+    kernel_fixed_us: float    # fixed duration of an elementwise / row kernel (ramp-up, tail)
     gemm_fixed_us: float      # fixed duration of a GEMM or attention kernel (prologue, pipeline fill, tail)
     nvlink_gbs: float         # NVLink bandwidth per GPU and direction (tensor-parallel groups)
     nvlink_efficiency: float  # achievable fraction of nvlink_gbs by all-reduce (bus bandwidth)

@@ -12,18 +12,18 @@ Passes, in order:
   3. attention: with fuse=True, score GEMM -> row softmax kernel -> value GEMM chains whose
               intermediates have no other consumer merge into one flash-attention kernel
               (scores never leave the SM; a causal mask skips the masked half of the work).
-  4. cost:    per kernel, time = max(compute, memory) + fixed + launch.
+  4. cost:    per kernel. GEMM and attention kernels: max(compute, memory) + gemm_fixed_us.
               compute: GEMMs by gemm_plan (a cuBLAS-like choice of output tile and split-K from
               the config's tiles, wave-quantized over the SMs at the tensor peak x tensor
-              efficiency); flash attention by query-row blocks at the tensor peak x attention
-              efficiency; other flops at the CUDA-core f32 peak x CUDA efficiency.
-              memory: bytes at HBM bandwidth x HBM efficiency, or at L2 bandwidth for
-              intermediates that fit in L2. Weights and states (KV cache) stream from HBM, read
-              once per kernel; a row kernel whose reduction feeds its own ops re-reads its input
-              once per such reduction.
-              fixed: gemm_fixed_us for GEMM and attention kernels, kernel_fixed_us for others,
-              plus HBM latency per extra pass. launch: none (kernel durations), CUDA graph (a gap
-              per kernel) or stream (a kernel costs at least one host launch).
+              efficiency, steered away from tiles L2 cannot feed); flash attention by query-row
+              blocks at the tensor peak x attention efficiency. memory: bytes at HBM bandwidth x
+              HBM efficiency, or at L2 bandwidth for intermediates that fit in L2. Weights and
+              states (KV cache) stream from HBM, read once per kernel.
+              Memory-bound kernels (norms, softmax, elementwise, stores): kernel_fixed_us + the
+              chain of dependent loads (row_chain_us, at the DRAM latency; a reduction that feeds
+              its own ops adds a pass over the row, re-read from L1/L2) + bytes at the HBM and L2
+              peaks; CUDA-core flops bound it from below. launch: none (kernel durations), CUDA
+              graph (a gap per kernel) or stream (a kernel costs at least one host launch).
   5. groups:  with gpus > 1, tensor_parallel.py splits the graph Megatron-style; each GPU's
               kernels shrink and an all-reduce follows every row-parallel matmul.
 
@@ -131,12 +131,14 @@ def _read_inputs(n) -> tuple:
 
 
 def cost_graph(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: bool = True,
-               gpus: int = 1, host: bool = False, inputs_in_l2: bool = False) -> GpuCost:
+               gpus: int = 1, host: bool = False, inputs_in_l2=False,
+               row_style: str = "vector") -> GpuCost:
     """Kernels of `graph` on one GPU, or on each GPU of a tensor-parallel group of `gpus` (the
     all-reduces are kernels too). host=True adds the config's host time per forward pass (for
     end-to-end figures). launch: "stream", "graph", or "none" (kernel durations alone).
     inputs_in_l2: graph inputs that fit in L2 are read from there (a preceding kernel wrote them;
-    per-operator profiles of a running model)."""
+    per-operator profiles of a running model); True for every input, or a list of input names. row_style: how the memory-bound (non-GEMM) kernels
+    load their data, "vector" (16-byte loads, PyTorch) or "scalar" (row_chain_us)."""
     gpu.launch_us(launch)                               # validates the mode
     if gpus not in GROUP_SIZES:
         raise ConfigError(f"a GPU group has {', '.join(map(str, GROUP_SIZES))} GPUs, got {gpus}")
@@ -146,7 +148,8 @@ def cost_graph(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: boo
     if fuse:
         kernels = _merge_attention(graph, nodes, free, kernels, kernel_of)
     tp = tensor_parallel.plan(nodes, free, gpus) if gpus > 1 else None
-    ops = [_cost_kernel(graph, nodes, free, k, kernel_of, gpu, launch, tp, inputs_in_l2) for k in kernels]
+    ops = [_cost_kernel(graph, nodes, free, k, kernel_of, gpu, launch, tp, inputs_in_l2, row_style)
+           for k in kernels]
     if tp:
         for nid, nbytes in tp.allreduce:
             body = tensor_parallel.allreduce_us(gpu, gpus, nbytes)
@@ -273,6 +276,10 @@ def _tensor_peak(gpu: GpuConfig, da: str, db: str):
 
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+# cuBLAS 13 on the H200 split K for 1 to 256 rows and never from 512 rows up (data/gemm-kernels-h200.json,
+# Llama shapes); taken for every GPU. Fit-set loss of fit.py without / with the limit: A100 0.0772 / 0.0778,
+# H100 0.0761 / 0.0735, H200 0.0678 / 0.0653.
+SPLIT_K_MAX_ROWS = 256
 MIN_K_PER_SPLIT = 256         # assumption: split-K slices no thinner than 256 (cuBLAS k-tiles of 64 x 4 stages)
 
 
@@ -293,10 +300,12 @@ def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, i
     """cuBLAS-like heuristic: of the config's tiles and split-K factors, the plan with the least
     time. Each thread block computes a padded tile_m x tile_n x (K / split) block at the SM's
     share of the tensor peak x tensor_efficiency; blocks run in waves of sm_count. Operands come
-    from HBM once (L2 serves the re-reads) at the share of the SMs that have a block; split-K adds
-    f32 partials and one reduce kernel."""
+    from HBM once at the share of the SMs that have a block, and L2 serves every block its
+    (tile_m + tile_n) x K operands (small tiles on a fast GPU are L2-bound); split-K adds f32
+    partials and one reduce kernel."""
     rate_sm = peak * gpu.tensor_efficiency / gpu.sm_count
     bw = gpu.hbm_gbs * 1e9 * gpu.hbm_efficiency
+    l2_bw = gpu.l2_gbs * 1e9 * gpu.hbm_efficiency
     base = batch * (m * k + n * k) * in_bytes + batch * m * n * out_bytes
     best = None
     for tm, tn in gpu.gemm_tiles:
@@ -304,13 +313,15 @@ def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, i
             continue
         tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
         for s in SPLITS:
-            if s > 1 and (k / s < MIN_K_PER_SPLIT or tiles >= gpu.sm_count):
+            if s > 1 and (k / s < MIN_K_PER_SPLIT or tiles >= gpu.sm_count or m > SPLIT_K_MAX_ROWS):
                 break
             ctas = tiles * s
             waves = math.ceil(ctas / gpu.sm_count)
             compute = 1e6 * waves * 2.0 * tm * tn * math.ceil(k / s) / rate_sm
             # fewer blocks than SMs leave SMs idle; an SM streams up to twice its share (assumption)
             memory = 1e6 * (base + (2 * s * batch * m * n * 4 if s > 1 else 0)) / bw / min(1.0, 2 * ctas / gpu.sm_count)
+            # every block streams its A rows and B columns through L2: small tiles re-read more
+            memory = max(memory, 1e6 * ctas * (tm + tn) * math.ceil(k / s) * in_bytes / l2_bw)
             t = max(compute, memory) + (gpu.kernel_fixed_us if s > 1 else 0.0)   # + the reduce kernel
             if best is None or t < best.time_us:
                 best = GemmPlan(tm, tn, s, ctas, waves, compute, memory, t)
@@ -340,8 +351,52 @@ def _flash_compute_us(gpu: GpuConfig, batch: int, m: int, cols: int, flops: floa
     return 1e6 * per_sm / rate_sm
 
 
+THREADS_PER_SM = 2048        # resident threads per SM on sm_80 and sm_90 (CUDA C++ Programming Guide,
+                             # "Compute Capabilities" table: A100, H100, H200)
+ROW_STYLES = {"vector": 16, "scalar": 0}   # bytes per load; 0: one element per load
+# A pass that re-reads a row the same block has just read finds it in L1 or L2: assumption, at half
+# the DRAM latency. Chosen among 1, 0.5, 0.25 and 0 by the fit-set loss of fit.py (H100 0.0774,
+# 0.0761, 0.0793, 0.0822; H200 0.0692, 0.0678, 0.0691, 0.0705; A100's fit set has no row norm).
+REREAD_LATENCY = 0.5
+
+
+def row_chain_us(nodes, k, gpu: GpuConfig, split: dict, passes: int, style: str = "vector") -> float:
+    """The chain of dependent loads a memory-bound kernel waits on, at the config's loaded memory
+    latency (hbm_latency_us; the queueing under load is the bytes term beside it, at the HBM peak:
+    time = fixed + chain + bytes / bandwidth, an M/M/1 queue's delay): each thread issues a load, waits for it, moves on. A row kernel (with
+    a reduction) runs a block of up to 1,024 threads per row, each thread taking ceil(D / (threads
+    x elements per load)) steps per pass over its row (a reduction that feeds its own ops makes a
+    pass more, at REREAD_LATENCY); blocks fill THREADS_PER_SM per SM in waves. An elementwise kernel gives each thread
+    one load of every input. style "vector": 16-byte loads (PyTorch's vectorized kernels);
+    "scalar": one element per load and one block per row for every op (the vLLM / Sarathi
+    kernels of 2023, which Vidur profiled)."""
+    if style not in ROW_STYLES:
+        raise ConfigError(f"row kernel style must be one of {', '.join(ROW_STYLES)}, got {style!r}")
+    # a store writes its value into a state (a KV cache row), not the whole state
+    out = max((nodes[nodes[m].inputs[1]] if nodes[m].op == "store" else nodes[m] for m in k.members),
+              key=lambda n: n.size)
+    reads = [nodes[i] for m in k.members for i in _read_inputs(nodes[m]) if i not in k.members]
+    itemsize = min((n.nbytes / max(n.size, 1) for n in reads if n.size), default=2.0)
+    per_load = max(1, int(ROW_STYLES[style] // itemsize))
+    red = [nodes[m] for m in k.members if nodes[m].op in REDUCE]
+    if red:
+        src = nodes[red[0].inputs[0]]
+        d = src.shape[int(red[0].attrs.get("axis", -1))]
+        elems = src.size / split.get(src.id, 1)
+    elif style == "scalar" and out.shape:
+        d, elems = out.shape[-1], out.size / split.get(out.id, 1)
+    else:                                   # grid-wide elementwise: one load per thread and input
+        slots = out.size / split.get(out.id, 1) / per_load
+        return gpu.hbm_latency_us * max(1.0, slots / (THREADS_PER_SM * gpu.sm_count))
+    rows = max(1.0, elems / max(d, 1))
+    threads = min(1024, 32 * math.ceil(math.ceil(d / per_load) / 32))
+    steps = math.ceil(d / (threads * per_load))
+    waves = max(1.0, rows / (max(1, THREADS_PER_SM // threads) * gpu.sm_count))
+    return gpu.hbm_latency_us * (1 + REREAD_LATENCY * (passes - 1)) * steps * waves
+
+
 def _cost_kernel(graph, nodes, free, k: _Kernel, kernel_of, gpu: GpuConfig, launch: str, tp=None,
-                 inputs_in_l2: bool = False) -> OpCost:
+                 inputs_in_l2=False, row_style: str = "vector") -> OpCost:
     members = set(k.members)
     split = tp.split if tp else {}
     causal = [nodes[m] for m in k.members if nodes[m].op == "causal"]
@@ -396,22 +451,26 @@ def _cost_kernel(graph, nodes, free, k: _Kernel, kernel_of, gpu: GpuConfig, laun
             hbm += float(nodes[n.inputs[1]].nbytes) / split.get(m, 1)      # the state (KV cache) lives in HBM
         elif _consumers(graph, nodes, free, m) - members:
             nb = float(n.nbytes) / split.get(m, 1)
-            if _in_l2(n, gpu):
+            if _in_l2(n, gpu, written=not k.has_matmul):
                 l2 += nb
             else:
                 hbm += nb
     extra_passes = 0 if k.flash else sum(
         1 for m in k.members if nodes[m].op in REDUCE and any(u in members for u in graph.users(m)))
-    if extra_passes:          # a row kernel whose reduction feeds its own ops re-reads its input
-        rh = sum(nb / split.get(b, 1) for b, nb in reads.items() if not _in_l2(nodes[b], gpu, inputs_in_l2))
-        rl = sum(nb / split.get(b, 1) for b, nb in reads.items()) - rh
-        hbm, l2 = hbm + extra_passes * rh, l2 + extra_passes * rl
+    row = not k.has_matmul
+    if extra_passes:          # a row kernel whose reduction feeds its own ops re-reads its rows,
+        # which the same thread block just read: from L1/L2, not HBM
+        l2 += extra_passes * sum(nb / split.get(b, 1) for b, nb in reads.items())
     eff = gpu.hbm_efficiency
     memory_us = 1e6 * (hbm / (gpu.hbm_gbs * 1e9 * eff) + l2 / (gpu.l2_gbs * 1e9 * eff))
 
-    fixed = gpu.gemm_fixed_us if k.has_matmul else gpu.kernel_fixed_us
-    latency_us = fixed + extra_passes * gpu.hbm_latency_us
-    body = max(compute_us, memory_us) + latency_us
+    if row:                   # memory-bound kernel: fixed + its chain of dependent loads + bytes
+        memory_us = 1e6 * (hbm / (gpu.hbm_gbs * 1e9) + l2 / (gpu.l2_gbs * 1e9))
+        latency_us = gpu.kernel_fixed_us + row_chain_us(nodes, k, gpu, split, 1 + extra_passes, row_style)
+        body = max(compute_us, memory_us + latency_us)
+    else:
+        latency_us = gpu.gemm_fixed_us
+        body = max(compute_us, memory_us) + latency_us
     time_us, launch_us = _with_launch(gpu, launch, body)
     parts = {"compute": compute_us, "hbm": memory_us, "latency": latency_us, "launch": launch_us}
     bound = max(BOUNDS[:4], key=lambda b: parts[b])
@@ -434,12 +493,15 @@ def _with_launch(gpu: GpuConfig, launch: str, body_us: float) -> tuple:
     return t, t - body_us
 
 
-def _in_l2(n, gpu: GpuConfig, inputs_in_l2: bool = False) -> bool:
+def _in_l2(n, gpu: GpuConfig, inputs_in_l2=False, written: bool = False) -> bool:
     """Computed intermediates that fit in L2 stay there; weights and states come from HBM, and
-    so do inputs unless a preceding kernel just wrote them (inputs_in_l2)."""
+    so do inputs unless a preceding kernel just wrote them (inputs_in_l2). A row kernel's output
+    (written=True) stays in L2 only when it fits in a quarter of it, as inputs do: a row kernel
+    streams its input through L2 while it writes, and dirty lines beyond that go back to HBM."""
     if n.op in LEAVES:            # a quarter of L2: the rest holds other data (and is split in two halves)
-        return inputs_in_l2 and n.op == "input" and n.nbytes <= gpu.l2_bytes / 4
-    return n.op != "store" and n.nbytes <= gpu.l2_bytes
+        hot = inputs_in_l2 is True or (isinstance(inputs_in_l2, (list, tuple)) and n.attrs.get("name") in inputs_in_l2)
+        return hot and n.op == "input" and n.nbytes <= gpu.l2_bytes / 4
+    return n.op != "store" and n.nbytes <= gpu.l2_bytes / (4 if written else 1)
 
 
 # ---- summaries -------------------------------------------------------------------------------

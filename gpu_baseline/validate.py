@@ -91,11 +91,17 @@ def kind_of(case: dict) -> str:
     return "prefill op"
 
 
+def kernel_options(case: dict) -> dict:
+    """cost_graph options a case's source fixes: activations already in L2 (a profiled running
+    model), and how its memory-bound kernels load (row_kernel, with the source's kernel code)."""
+    return {"inputs_in_l2": case.get("inputs_in_l2", False), "row_style": case.get("row_kernel", "vector")}
+
+
 def modelled(case: dict, gpu=None) -> float:
     gpu = gpu or load_gpu(case["gpu"])
     e2e = case["timing"] == "e2e"
     us = cost_graph(workload_graph(case), gpu, launch=case["launch"] if e2e else "none",
-                    fuse=case.get("fuse", True), gpus=case["gpus"], host=e2e, inputs_in_l2=case.get("inputs_in_l2", False)).total_us
+                    fuse=case.get("fuse", True), gpus=case["gpus"], host=e2e, **kernel_options(case)).total_us
     metric = case["metric"]
     if metric == "tokens_per_s":
         return 1e6 / us

@@ -168,14 +168,44 @@ def test_gemm_plan_picks_small_tiles_and_split_k_for_narrow_shapes():
     # narrow N at one token: split-K fills the SMs (cuBLAS used splitK for 1x8192x1280 on the H200)
     p = gemm_plan(H200, 1, 1, 8192, 1280, peak)
     assert p.split_k > 1 and 2 * p.ctas >= H200.sm_count
-    # 512 x 4096 x 4096: tiles small enough to fill the 132 SMs (one 128x128 tile per SM would
-    # leave half of them idle: the wave quantization the old model paid)
+    # 512 x 4096 x 4096: about one block per SM (cuBLAS ran 128 blocks of 128x128 on the 132 SMs,
+    # data/gemm-kernels-h200.json), not a 64x64 grid of 512 blocks that L2 cannot feed
     p = gemm_plan(H200, 1, 512, 4096, 4096, peak)
-    assert p.ctas >= H200.sm_count and p.tile_m <= 128
+    assert 0.9 * H200.sm_count <= p.ctas <= 2 * H200.sm_count and p.tile_m <= 128
     # a big GEMM: whole waves, at the fitted tensor efficiency
     p = gemm_plan(H200, 1, 8192, 8192, 8192, peak)
     achieved = 2 * 8192 ** 3 / (p.compute_us * 1e-6) / peak
     assert achieved == pytest.approx(H200.tensor_efficiency, rel=0.05)
+
+
+def test_row_kernel_model():
+    from lpu.gpu_baseline.model import REREAD_LATENCY
+    # one row of 4,096 with Sarathi's kernel (one block of 1,024 threads, one element per load):
+    # 4 steps per pass, a re-read pass, each step a DRAM latency; 16 KB moved is next to nothing
+    one = cost_graph(workloads.rmsnorm(1, 4096), A100, "none", row_style="scalar")
+    chain = A100.hbm_latency_us * (1 + REREAD_LATENCY) * 4
+    assert one.total_us == pytest.approx(A100.kernel_fixed_us + chain, rel=0.02)
+    assert one.ops[0].bound == "latency"
+    # 16-byte loads: one step per pass (512 threads x 8 elements), so far less waiting
+    vec = cost_graph(workloads.rmsnorm(1, 4096), A100, "none")
+    assert vec.total_us == pytest.approx(A100.kernel_fixed_us + chain / 4, rel=0.02)
+    # many rows: waves of blocks over the SMs, plus the bytes at the HBM peak; scalar is slower
+    big_s = cost_graph(workloads.rmsnorm(4096, 4096), A100, "none", row_style="scalar").total_us
+    big_v = cost_graph(workloads.rmsnorm(4096, 4096), A100, "none").total_us
+    bytes_us = 2 * 4096 * 4096 * 2 / (A100.hbm_gbs * 1e3)
+    assert big_s > big_v > bytes_us + A100.kernel_fixed_us
+    # an unfused KV-cache store writes one row: its chain does not grow with the cache
+    stores = [[o.time_us for o in cost_graph(workloads.decode_step(ctx, layers=1), A100, "none", fuse=False).ops
+               if o.op == "store"] for ctx in (256, 32768)]
+    assert stores[0] == pytest.approx(stores[1]) and max(stores[1]) < 2 * A100.kernel_fixed_us
+    with pytest.raises(ConfigError, match="row kernel style"):
+        cost_graph(workloads.rmsnorm(1, 4096), A100, row_style="wide")
+
+
+def test_inputs_in_l2_by_name():
+    g = workloads.elementwise(512 * 4096)
+    t = {k: cost_graph(g, A100, "none", inputs_in_l2=k).total_us for k in (False, ("b",), True)}
+    assert t[False] > t[("b",)] > t[True]
 
 
 def test_gemm_plan_beats_a_fixed_128_tile_on_narrow_prefill():
@@ -259,8 +289,10 @@ def test_tensor_parallel_decode_within_target(rows):
 
 # What the model holds today (asserted so that a regression fails); the targets above are
 # met where these equal them. See the README's GPU section for the misses and why.
-HELD_OUT_MEDIAN_BY_GPU = {"a100-80gb": 0.09, "h100-sxm": 0.06, "h200": 0.06}
-HELD_OUT_WORST_BY_GPU = {"a100-80gb": 0.50, "h100-sxm": 0.60, "h200": 0.42}
+HELD_OUT_MEDIAN_BY_GPU = {"a100-80gb": HELD_OUT_MEDIAN, "h100-sxm": HELD_OUT_MEDIAN, "h200": 0.06}
+# A100: gpt-fast's Llama-3.1-70B on 2 GPUs (+30%), a figure at 1,131 GB/s per GPU by gpt-fast's own
+# bandwidth column against 1,482 for Llama-2-70B on 2 GPUs; every other held-out A100 case is within 25%
+HELD_OUT_WORST_BY_GPU = {"a100-80gb": 0.31, "h100-sxm": HELD_OUT_WORST, "h200": 0.40}
 
 
 @pytest.mark.parametrize("gpu", GPUS)

@@ -41,8 +41,16 @@ HEADER = """\
 # timing: "kernel" = kernel duration alone (profiler or CUDA events around a busy GPU; no
 #      launch, launch = "none"); "e2e" = a whole forward pass as the framework ran it, with its
 #      launch mode ("stream" or "graph") and the config's host time per pass.
+# row_kernel: "scalar" where the source's norm or activation kernel loads one element at a time with
+#      one thread block per token (Vidur profiles Sarathi-Serve's rms_norm and silu_and_mul,
+#      github.com/microsoft/sarathi-serve csrc/layernorm_kernels.cu and activation_kernels.cu:
+#      grid = num_tokens, block = min(hidden, 1024) threads, scalar fp16 loads); absent: PyTorch's
+#      16-byte vectorized kernels (model.row_chain_us)
 # inputs_in_l2: the activations a kernel reads were just written by the previous kernel (Vidur
-#      profiles a running layer, no cache flush), so they come from L2 when they fit.
+#      profiles a running layer, no cache flush), so they come from L2 when they fit; a list names
+#      the inputs that do: Vidur's residual add (mlp_impl.py, hidden_states = residual + hidden_states)
+#      reads the MLP output just written ("b") and a residual written before the MLP ("a"), whose
+#      180 MB or more of weights have streamed through L2 since.
 # workload (gpu_baseline/validate.py):
 #   "gemm:M,K,N"            [M,K] @ [K,N] f16, output f16          metric kernel_us
 #   "rmsnorm:T,D" "layernorm:T,D"  a row norm of [T,D]             metric kernel_us
@@ -115,7 +123,7 @@ def med_us(rows, op):
 
 def emit(c: dict):
     c = {**c, "set": split_of(c["id"])}
-    lines = ["[[case]]"] + [f"{k} = {json.dumps(v) if isinstance(v, (str, bool)) else v}" for k, v in c.items()]
+    lines = ["[[case]]"] + [f"{k} = {json.dumps(v) if isinstance(v, (str, bool, list)) else v}" for k, v in c.items()]
     print("\n".join(lines) + "\n")
 
 
@@ -146,13 +154,16 @@ def main(clone: str):
                     r = by[(t, 1)]
                     emit(base(id=f"vidur {vg} Llama-2-7b rmsnorm T={t}", workload=f"rmsnorm:{t},4096",
                               measured=round(med_us(r, "input_layernorm"), 2), gpu=gpu, model="Llama-2-7b",
-                              source=f"{src}; op input_layernorm (RMSNorm), num_tokens {t}, TP 1: [{t},4096]"))
+                              source=f"{src}; op input_layernorm (RMSNorm), num_tokens {t}, TP 1: [{t},4096]",
+                              row_kernel="scalar"))
                     emit(base(id=f"vidur {vg} Llama-2-7b silu_mul T={t}", workload=f"silu_mul:{t},11008",
                               measured=round(med_us(r, "mlp_act"), 2), gpu=gpu, model="Llama-2-7b",
-                              source=f"{src}; op mlp_act (SiLU x up), num_tokens {t}, TP 1: [{t},22016] -> [{t},11008]"))
+                              source=f"{src}; op mlp_act (SiLU x up), num_tokens {t}, TP 1: [{t},22016] -> [{t},11008]",
+                              row_kernel="scalar"))
                 for t in (512, 4096):
                     emit(base(id=f"vidur {vg} Llama-2-7b add T={t}", workload=f"add:{t * 4096}",
                               measured=round(med_us(by[(t, 1)], "add"), 2), gpu=gpu, model="Llama-2-7b",
+                              inputs_in_l2=["b"],
                               source=f"{src}; op add (residual), num_tokens {t}, TP 1: [{t},4096] + [{t},4096]"))
     for m, n, k, ms in LLMCOMPASS_ROWS:
         emit(base(id=f"LLMCompass a100 GEMM {m}x{k}x{n}", workload=f"gemm:{m},{k},{n}", measured=round(ms * 1e3, 1),
