@@ -61,17 +61,18 @@ NO_DIAG = -(1 << 62)
 
 # ---- MXM (arithmetic in emulator/mxm.py) -------------------------------------------------------
 @njit(cache=True)
-def flush(plane, wts, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+def flush(plane, wts, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
     """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
     hz = H_FLUSH, plane) where the batch is at least `bulk_min` long: the host does it then with
-    BLAS (run.py, the same bits: docs/accumulation.md) and resumes at the same instruction."""
+    BLAS (run.py, the same bits: docs/accumulation.md) and resumes at the same instruction.
+    Shorter batches: in lane order and settled, or (bulk_min == 0) the exact row path."""
     n = pend_n[plane]
     if n == 0:
         return True
     if bulk_min > 0 and n >= bulk_min:
         hz[0], hz[3] = H_FLUSH, plane
         return False
-    products(pend_x[plane], n, wts[plane], wdt[plane], ybuf)
+    products(pend_x[plane], n, wts[plane], wdt[plane], ybuf, bulk_min == 0, wnorm[plane])
     accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
     return True
@@ -231,7 +232,7 @@ def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring, f16tab,
              sa, sb, so, fa, fb, ia, u32, f32v, hz, counters):
     binary = op >= C_ADD and op <= C_MIN
@@ -303,7 +304,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
                 lbuf[plane, b, row, l] = sa[b, l]
         return True
     if op == C_IW:
-        if not flush(plane, wts, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+        if not flush(plane, wts, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
             return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
@@ -325,11 +326,11 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         lw_dt[plane, :] = -1
         order[0][plane, :] = -1
         busy[plane] = t + 1
-        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane], wnorm[plane])
+        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane], wnorm[plane], ybuf[:lanes])
         wdt[plane] = dt
         return True
     if op == C_ABC:
-        if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits,
+        if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits,
                                                          bulk_min, hz):
             return False
         ref, row, accum = a[0], a[1], a[2]
@@ -375,7 +376,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         counters[K_MXM_BUSY] += 1 if dt == D_I8 else 2 * pair_cycles
         counters[K_MACS] += lanes * lanes
         return True
-    if not flush(plane, wts, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+    if not flush(plane, wts, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
         return False
     row, ref = a[0], a[1]  # ACC
     if row < 0 or row >= acc_rows:
@@ -398,7 +399,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
     return stream_write(ref, 4, p, t + lat, ex, ring, so, hz)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz, counters):
     counters[K_SXM_BUSY] += 1
     if op == C_TPOUT:
@@ -515,7 +516,7 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     ia = np.zeros(lanes, np.int64)
     u32 = np.zeros(lanes, np.uint32)
     f32v = u32.view(np.float32)
-    ybuf = np.zeros((ABC_BATCH, lanes), np.float64)
+    ybuf = np.zeros((max(ABC_BATCH, lanes), lanes), np.float64)   # also install's scratch
     for i in range(start, cyc.shape[0]):
         t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
         p = upos[i]

@@ -73,20 +73,24 @@ def exact_dot(x, w, m, c):
 
 
 @njit(cache=True)
-def products(x, n, w, dt, y):
+def products(x, n, w, dt, y, exact, wnorm):
     """y[b, m] = the contract's result for the rows b < n of x (each weight row read once for
-    the batch; f16: the high and low parts of `exact_dot` in y and a second array)."""
+    the batch). f16 with `exact`: the high and low parts of `exact_dot` in y and a second
+    array; else a float64 sum in lane order, settled like a BLAS product (`settle`, wnorm: the
+    column norms of w)."""
     lanes = w.shape[1]
     for b in range(n):
         for m in range(lanes):
             y[b, m] = 0.0
-    if dt == D_I8:                      # integers below 2^23: every float64 sum is exact
+    if dt == D_I8 or not exact:         # i8: integers below 2^23, every float64 sum is exact
         for k in range(w.shape[0]):
             row = w[k]
             for b in range(n):
                 xk, yb = x[b, k], y[b]
                 for m in range(lanes):
                     yb[m] += xk * row[m]
+        if dt != D_I8:
+            settle(x, n, w, wnorm, y)
         return
     c = split_scale(w.shape[0])
     ic = 1.0 / c
@@ -135,26 +139,26 @@ def settle(x, n, w, wnorm, y):
 
 
 @njit(cache=True)
-def install(buf, dt, trans, lanes, f16tab, w, wnorm):
+def install(buf, dt, trans, lanes, f16tab, w, wnorm, tmp):
     """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed if trans) as numbers;
-    wnorm[n]: the 2-norm of column n (for `settle`), rounded up a little."""
+    wnorm[n]: the 2-norm of column n (for `settle`), rounded up a little. tmp: a scratch
+    [lanes, lanes] array (the untransposed numbers; copied to w in tiles)."""
     lo, hi = buf[0], buf[1]
-    if dt == D_I8 and trans:
+    dst = tmp if trans else w
+    if dt == D_I8:
         for k in range(lanes):
             for n in range(lanes):
-                w[k, n] = np.float64(np.int8(lo[n, k]))
-    elif dt == D_I8:
-        for k in range(lanes):
-            for n in range(lanes):
-                w[k, n] = np.float64(np.int8(lo[k, n]))
-    elif trans:
-        for k in range(lanes):
-            for n in range(lanes):
-                w[k, n] = f16tab[np.int64(lo[n, k]) | (np.int64(hi[n, k]) << 8)]
+                dst[k, n] = np.float64(np.int8(lo[k, n]))
     else:
         for k in range(lanes):
             for n in range(lanes):
-                w[k, n] = f16tab[np.int64(lo[k, n]) | (np.int64(hi[k, n]) << 8)]
+                dst[k, n] = f16tab[np.int64(lo[k, n]) | (np.int64(hi[k, n]) << 8)]
+    if trans:
+        for k0 in range(0, lanes, 32):
+            for n0 in range(0, lanes, 32):
+                for k in range(k0, min(k0 + 32, lanes)):
+                    for n in range(n0, min(n0 + 32, lanes)):
+                        w[k, n] = tmp[n, k]
     column_norms(w, wnorm)
 
 

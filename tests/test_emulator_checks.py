@@ -108,9 +108,11 @@ def test_wrong_cycle_count():
 def test_vxm_fast_path_equals_general_path(op):
     c = A.CORE_OPS.index(op)
     raw = RNG.integers(0, 256, (4, L)).astype(np.uint8)
-    vals = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 1e-8, -3.5], np.float32)
+    vals = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 1e-8, -3.5, 65519.0, -65520.0, 2.0**-14,
+                     -2.0**-14 * (1 - 2.0**-12), 2.0**-25, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11], np.float32)
     b32 = np.concatenate([vals, RNG.standard_normal(L - len(vals)).astype(np.float32) * 1e3]).view(np.uint32)
-    b16 = np.concatenate([vals, RNG.standard_normal(L - len(vals)).astype(np.float32)]).astype(np.float16).view(np.uint16)
+    with np.errstate(over="ignore"):       # -65520 rounds to -inf in f16
+        b16 = np.concatenate([vals, RNG.standard_normal(L - len(vals)).astype(np.float32)]).astype(np.float16).view(np.uint16)
     planes = {A.D_F32: np.stack([(b32 >> (8 * i)) & 0xFF for i in range(4)]).astype(np.uint8),
               A.D_F16: np.stack([b16 & 0xFF, b16 >> 8, raw[2], raw[3]]).astype(np.uint8)}
     imm = int(np.array([1.5], np.float32).view(np.int32)[0])

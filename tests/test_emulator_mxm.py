@@ -59,10 +59,12 @@ def _bits(y) -> np.ndarray:
 
 def both_paths(x, w):
     n = x.shape[0]
-    row = np.zeros((n, w.shape[1]))
-    mxm.products(x, n, w, D_F16, row)
     norms = np.zeros(w.shape[1])
     mxm.column_norms(w, norms)
+    row, short = np.zeros((n, w.shape[1])), np.zeros((n, w.shape[1]))
+    mxm.products(x, n, w, D_F16, row, True, norms)
+    mxm.products(x, n, w, D_F16, short, False, norms)
+    assert np.array_equal(_bits(short), _bits(row))
     return row, mxm.blas_products(x, w, D_F16, norms)
 
 
@@ -151,7 +153,7 @@ def test_i8_products_are_exact_integers():
     x = rng.integers(-128, 128, (5, 320)).astype(np.float64)
     w = rng.integers(-128, 128, (320, 320)).astype(np.float64)
     y = np.zeros((5, 320))
-    mxm.products(x, 5, w, D_I8, y)
+    mxm.products(x, 5, w, D_I8, y, True, np.zeros(320))
     want = x.astype(np.int64) @ w.astype(np.int64)
     assert np.array_equal(y, want) and np.array_equal(mxm.blas_products(x, w, D_I8, np.zeros(320)), want)
 
