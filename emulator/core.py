@@ -61,7 +61,7 @@ NO_DIAG = -(1 << 62)
 
 # ---- MXM (arithmetic in emulator/mxm.py) -------------------------------------------------------
 @njit(cache=True)
-def flush(plane, wts, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+def flush(plane, wts, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
     """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
     hz = H_FLUSH, plane) where the batch is at least `bulk_min` long: the host does it then with
     BLAS (run.py, the same bits: docs/accumulation.md) and resumes at the same instruction.
@@ -72,7 +72,10 @@ def flush(plane, wts, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bul
     if bulk_min > 0 and n >= bulk_min:
         hz[0], hz[3] = H_FLUSH, plane
         return False
-    products(pend_x[plane], n, wts[plane], wdt[plane], ybuf, bulk_min == 0, wnorm[plane])
+    if bulk_min == 0:
+        products(pend_x[plane], n, wts[plane], wdt[plane], ybuf, True, wnorm[plane])
+    else:       # the same numbers in float32: half the memory traffic
+        products(pend_x[plane], n, wts32[plane], wdt[plane], ybuf, False, wnorm[plane])
     accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
     return True
@@ -275,9 +278,9 @@ def mxm_input_ok(ref, plane, spd):
 
 
 @njit(cache=True)
-def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts, wnorm,
-             wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n, ybuf, bulk_min, hz,
-             counters):
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts, wts32,
+             wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n, ybuf, bulk_min,
+             hz, counters):
     if op == C_LW:
         row, ref, cvt = a[0], a[1], a[2]
         if row < 0 or row >= lanes:
@@ -304,7 +307,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
                 lbuf[plane, b, row, l] = sa[b, l]
         return True
     if op == C_IW:
-        if not flush(plane, wts, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+        if not flush(plane, wts, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
             return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
@@ -326,12 +329,12 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         lw_dt[plane, :] = -1
         order[0][plane, :] = -1
         busy[plane] = t + 1
-        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane], wnorm[plane], ybuf[:lanes])
+        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane], wts32[plane], wnorm[plane], ybuf[:lanes])
         wdt[plane] = dt
         return True
     if op == C_ABC:
-        if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits,
-                                                         bulk_min, hz):
+        if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts, wts32, wnorm, wdt, pend_x, pend_meta, pend_n,
+                                                         ybuf, acc_bits, bulk_min, hz):
             return False
         ref, row, accum = a[0], a[1], a[2]
         if not mxm_input_ok(ref, plane, spd):
@@ -376,7 +379,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         counters[K_MXM_BUSY] += 1 if dt == D_I8 else 2 * pair_cycles
         counters[K_MACS] += lanes * lanes
         return True
-    if not flush(plane, wts, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+    if not flush(plane, wts, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
         return False
     row, ref = a[0], a[1]  # ACC
     if row < 0 or row >= acc_rows:
@@ -439,15 +442,22 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
         return operand_error(hz, 2, k)
     if not stream_read(ref, w, p, t, ring, sa, hz):
         return False
-    for b in range(w):
+    for b in range(w):     # (SHIFT and ROTATE as contiguous runs, without a branch per lane)
         x, y = sa[b], so[b]
         if op == C_SHIFT:
-            for l in range(lanes):
-                y[l] = x[l - k] if l - k >= 0 and l - k < lanes else 0
+            lo, hi = min(max(k, 0), lanes), max(min(lanes + k, lanes), 0)
+            for l in range(lo):
+                y[l] = 0
+            for l in range(lo, hi):
+                y[l] = x[l - k]
+            for l in range(max(hi, lo), lanes):
+                y[l] = 0
         elif op == C_ROTATE:
             kk = k % lanes
-            for l in range(lanes):
-                y[l] = x[l - kk + lanes] if l < kk else x[l - kk]
+            for l in range(kk):
+                y[l] = x[l - kk + lanes]
+            for l in range(kk, lanes):
+                y[l] = x[l - kk]
         elif op == C_PERMUTE:
             tab = tables[k]
             for l in range(lanes):
@@ -473,6 +483,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.zeros((nplanes, 2, lanes, lanes), np.uint8),       # lbuf: [plane, byte plane, row, lane]
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
             np.zeros((nplanes, lanes, lanes), np.float64),        # wts
+            np.zeros((nplanes, lanes, lanes), np.float32),        # wts32: the same numbers (exact in f32)
             np.zeros((nplanes, lanes), np.float64),               # wnorm: column norms of the weights
             np.full(nplanes, -1, np.int64),                       # wdt
             np.zeros(nplanes, np.int64),                          # busy
@@ -490,11 +501,12 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
 
 def reset(ws):
     """Back to the state of a machine that has run nothing (what a run can observe)."""
-    ring, bank_last, lbuf, lw_dt, wts, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n, order = ws
+    (ring, bank_last, lbuf, lw_dt, wts, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n,
+     order) = ws
     ring[0].fill(NO_DIAG)
     ring[4].fill(0)
-    for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wts, 0), (wnorm, 0), (wdt, -1), (busy, 0), (acc_bits, 0),
-                 (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0), (order[0], -1), (order[1], 0),
+    for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wts, 0), (wts32, 0), (wnorm, 0), (wdt, -1), (busy, 0),
+                 (acc_bits, 0), (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0), (order[0], -1), (order[1], 0),
                  (order[2], -1)):
         a.fill(v)
 
@@ -506,7 +518,7 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
     H_FLUSH: call again from there). Dispatch is by each instruction's core unit (`cunit`), then
     by its core operation."""
-    (ring, bank_last, lbuf, lw_dt, wts, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
+    (ring, bank_last, lbuf, lw_dt, wts, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
      pend_n, order) = ws
     sa = np.zeros((4, lanes), np.uint8)
     sb = np.zeros((4, lanes), np.uint8)
@@ -525,8 +537,8 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
                           ring, sa, sb, hz, counters)
         elif u == U_MXM:
             ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
-                          lbuf, lw_dt, wts, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x,
-                          pend_meta, pend_n, ybuf, bulk_min, hz, counters)
+                          lbuf, lw_dt, wts, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so,
+                          pend_x, pend_meta, pend_n, ybuf, bulk_min, hz, counters)
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)

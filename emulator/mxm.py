@@ -139,10 +139,11 @@ def settle(x, n, w, wnorm, y):
 
 
 @njit(cache=True)
-def install(buf, dt, trans, lanes, f16tab, w, wnorm, tmp):
-    """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed if trans) as numbers;
-    wnorm[n]: the 2-norm of column n (for `settle`), rounded up a little. tmp: a scratch
-    [lanes, lanes] array (the untransposed numbers; copied to w in tiles)."""
+def install(buf, dt, trans, lanes, f16tab, w, w32, wnorm, tmp):
+    """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed if trans) as numbers,
+    and w32 the same numbers in float32 (f16 and i8 values are exact in it); wnorm[n]: the
+    2-norm of column n (for `settle`), rounded up a little. tmp: a scratch [lanes, lanes]
+    array (the untransposed numbers; copied to w in tiles)."""
     lo, hi = buf[0], buf[1]
     dst = tmp if trans else w
     if dt == D_I8:
@@ -159,6 +160,9 @@ def install(buf, dt, trans, lanes, f16tab, w, wnorm, tmp):
                 for k in range(k0, min(k0 + 32, lanes)):
                     for n in range(n0, min(n0 + 32, lanes)):
                         w[k, n] = tmp[n, k]
+    for k in range(lanes):
+        for n in range(lanes):
+            w32[k, n] = np.float32(w[k, n])
     column_norms(w, wnorm)
 
 
