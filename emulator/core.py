@@ -61,7 +61,7 @@ NO_DIAG = -(1 << 62)
 
 # ---- MXM (arithmetic in emulator/mxm.py) -------------------------------------------------------
 @njit(cache=True)
-def flush(plane, wts, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+def flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
     """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
     hz = H_FLUSH, plane) where the batch is at least `bulk_min` long: the host does it then with
     BLAS (run.py, the same bits: docs/accumulation.md) and resumes at the same instruction.
@@ -72,10 +72,7 @@ def flush(plane, wts, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bi
     if bulk_min > 0 and n >= bulk_min:
         hz[0], hz[3] = H_FLUSH, plane
         return False
-    if bulk_min == 0:
-        products(pend_x[plane], n, wts[plane], wdt[plane], ybuf, True, wnorm[plane])
-    else:       # the same numbers in float32: half the memory traffic
-        products(pend_x[plane], n, wts32[plane], wdt[plane], ybuf, False, wnorm[plane])
+    products(pend_x[plane], n, wts32[plane], wdt[plane], ybuf, bulk_min == 0, wnorm[plane])
     accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
     return True
@@ -278,9 +275,9 @@ def mxm_input_ok(ref, plane, spd):
 
 
 @njit(cache=True)
-def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts, wts32,
-             wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n, ybuf, bulk_min,
-             hz, counters):
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts32,
+             wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n, ybuf, tmp32,
+             bulk_min, hz, counters):
     if op == C_LW:
         row, ref, cvt = a[0], a[1], a[2]
         if row < 0 or row >= lanes:
@@ -307,7 +304,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
                 lbuf[plane, b, row, l] = sa[b, l]
         return True
     if op == C_IW:
-        if not flush(plane, wts, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+        if not flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
             return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
@@ -329,11 +326,11 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         lw_dt[plane, :] = -1
         order[0][plane, :] = -1
         busy[plane] = t + 1
-        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane], wts32[plane], wnorm[plane], ybuf[:lanes])
+        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts32[plane], wnorm[plane], tmp32)
         wdt[plane] = dt
         return True
     if op == C_ABC:
-        if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts, wts32, wnorm, wdt, pend_x, pend_meta, pend_n,
+        if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n,
                                                          ybuf, acc_bits, bulk_min, hz):
             return False
         ref, row, accum = a[0], a[1], a[2]
@@ -379,9 +376,14 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         counters[K_MXM_BUSY] += 1 if dt == D_I8 else 2 * pair_cycles
         counters[K_MACS] += lanes * lanes
         return True
-    if not flush(plane, wts, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+    row, ref = a[0], a[1]  # ACC: the batch is multiplied out first if one of its ABCs writes this row (the
+    waits = False          # other rows are not observable before their own ACC)
+    for b in range(pend_n[plane]):
+        if pend_meta[plane, b, 0] == row:
+            waits = True
+            break
+    if waits and not flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
         return False
-    row, ref = a[0], a[1]  # ACC
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
     if ref < 0 or not (ref >> 8 == D_I32 or ref >> 8 == D_F32) or not ref_ok(ref, 4, spd):
@@ -468,7 +470,7 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
     return stream_write(oref, w, p, t + lat, ex, ring, so, hz)
 
 
-ABC_BATCH = 128    # an ABC's product is computed when its plane's ACC or IW comes, or 128 wait
+ABC_BATCH = 128    # an ABC's product is computed at its plane's IW, an ACC of its row, or when 128 wait
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -482,8 +484,8 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.full((slices, banks), -1, np.int64),               # bank_last
             np.zeros((nplanes, 2, lanes, lanes), np.uint8),       # lbuf: [plane, byte plane, row, lane]
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
-            np.zeros((nplanes, lanes, lanes), np.float64),        # wts
-            np.zeros((nplanes, lanes, lanes), np.float32),        # wts32: the same numbers (exact in f32)
+            np.zeros((nplanes, lanes, lanes), np.float64),        # wts: float64 copy of wts32 for BLAS (run._bulk)
+            np.zeros((nplanes, lanes, lanes), np.float32),        # wts32: installed weights (f16, i8: exact)
             np.zeros((nplanes, lanes), np.float64),               # wnorm: column norms of the weights
             np.full(nplanes, -1, np.int64),                       # wdt
             np.zeros(nplanes, np.int64),                          # busy
@@ -518,7 +520,7 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
     H_FLUSH: call again from there). Dispatch is by each instruction's core unit (`cunit`), then
     by its core operation."""
-    (ring, bank_last, lbuf, lw_dt, wts, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
+    (ring, bank_last, lbuf, lw_dt, _, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
      pend_n, order) = ws
     sa = np.zeros((4, lanes), np.uint8)
     sb = np.zeros((4, lanes), np.uint8)
@@ -528,7 +530,8 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     ia = np.zeros(lanes, np.int64)
     u32 = np.zeros(lanes, np.uint32)
     f32v = u32.view(np.float32)
-    ybuf = np.zeros((max(ABC_BATCH, lanes), lanes), np.float64)   # also install's scratch
+    ybuf = np.zeros((ABC_BATCH, lanes), np.float64)
+    tmp32 = np.zeros((lanes, lanes), np.float32)      # install's scratch
     for i in range(start, cyc.shape[0]):
         t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
         p = upos[i]
@@ -537,8 +540,8 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
                           ring, sa, sb, hz, counters)
         elif u == U_MXM:
             ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
-                          lbuf, lw_dt, wts, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so,
-                          pend_x, pend_meta, pend_n, ybuf, bulk_min, hz, counters)
+                          lbuf, lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so,
+                          pend_x, pend_meta, pend_n, ybuf, tmp32, bulk_min, hz, counters)
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)

@@ -139,17 +139,17 @@ def settle(x, n, w, wnorm, y):
 
 
 @njit(cache=True)
-def install(buf, dt, trans, lanes, f16tab, w, w32, wnorm, tmp):
-    """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed if trans) as numbers,
-    and w32 the same numbers in float32 (f16 and i8 values are exact in it); wnorm[n]: the
-    2-norm of column n (for `settle`), rounded up a little. tmp: a scratch [lanes, lanes]
-    array (the untransposed numbers; copied to w in tiles)."""
+def install(buf, dt, trans, lanes, f16tab, w, wnorm, tmp):
+    """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed if trans) as float32
+    numbers (f16 and i8 values are exact in it); wnorm[n]: the 2-norm of column n (for
+    `settle`), rounded up a little. tmp: a float32 scratch [lanes, lanes] (the untransposed
+    numbers; copied to w in tiles)."""
     lo, hi = buf[0], buf[1]
     dst = tmp if trans else w
     if dt == D_I8:
         for k in range(lanes):
             for n in range(lanes):
-                dst[k, n] = np.float64(np.int8(lo[k, n]))
+                dst[k, n] = np.float32(np.int8(lo[k, n]))
     else:
         for k in range(lanes):
             for n in range(lanes):
@@ -160,9 +160,6 @@ def install(buf, dt, trans, lanes, f16tab, w, w32, wnorm, tmp):
                 for k in range(k0, min(k0 + 32, lanes)):
                     for n in range(n0, min(n0 + 32, lanes)):
                         w[k, n] = tmp[n, k]
-    for k in range(lanes):
-        for n in range(lanes):
-            w32[k, n] = np.float32(w[k, n])
     column_norms(w, wnorm)
 
 
@@ -172,7 +169,8 @@ def column_norms(w, out):
     out[:] = 0.0
     for k in range(w.shape[0]):
         for n in range(w.shape[1]):
-            out[n] += w[k, n] * w[k, n]
+            v = np.float64(w[k, n])
+            out[n] += v * v
     for n in range(w.shape[1]):
         out[n] = np.sqrt(out[n]) * (1.0 + 2.0 ** -40)
 
