@@ -14,14 +14,21 @@ from numba import njit
 from lpu.isa import dtypes as _dtypes
 
 
+CORE_CALLEES = ("arith.py", "mxm.py", "vxm_fast.py")
+
+
 def _drop_stale_core_cache():
     """Numba's cache is invalidated only by changes to a function's own file, yet core.py's
-    cached machine code embeds this module's functions and constants. When this file changes,
-    drop core.py's cache (in-tree __pycache__, where Numba keeps it for a writable checkout)."""
+    cached machine code embeds the functions and constants of this module and of the jitted
+    modules it calls (mxm.py, vxm_fast.py). When one of them changes, drop core.py's cache
+    (in-tree __pycache__, where Numba keeps it for a writable checkout)."""
     here = os.path.dirname(os.path.abspath(__file__))
     cache = os.path.join(here, "__pycache__")
-    with open(os.path.abspath(__file__), "rb") as f:
-        stamp = hashlib.sha256(f.read()).hexdigest()
+    h = hashlib.sha256()
+    for name in CORE_CALLEES:
+        with open(os.path.join(here, name), "rb") as f:
+            h.update(f.read())
+    stamp = h.hexdigest()
     mark = os.path.join(cache, "arith.stamp")
     try:
         with open(mark) as f:
@@ -31,7 +38,7 @@ def _drop_stale_core_cache():
         pass
     try:
         for name in os.listdir(cache):
-            if name.startswith("core.") and name.endswith((".nbi", ".nbc")):
+            if name.startswith(("core.", "mxm.", "vxm_fast.")) and name.endswith((".nbi", ".nbc")):
                 os.remove(os.path.join(cache, name))
         tmp = f"{mark}.{os.getpid()}"
         with open(tmp, "w") as f:

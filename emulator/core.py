@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 from lpu.emulator import vxm_fast
-from lpu.emulator.mxm import accumulate, exact_in_f64, install, note, products, weight_stats
+from lpu.emulator.mxm import accumulate, install, products
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     CORE_OPS, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
     C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SHIFT, C_TPIN,
@@ -61,22 +61,20 @@ NO_DIAG = -(1 << 62)
 
 # ---- MXM (arithmetic in emulator/mxm.py) -------------------------------------------------------
 @njit(cache=True)
-def flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_bits, bulk_min, hz):
+def flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
     """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
-    hz = H_FLUSH, plane) where the batch is at least `bulk_min` long and BLAS gives the same bits
-    (mxm.exact_in_f64): the host does it then (run.py) and resumes at the same instruction."""
+    hz = H_FLUSH, plane) where the batch is at least `bulk_min` long: the host does it then with
+    BLAS (run.py, the same bits: docs/accumulation.md) and resumes at the same instruction.
+    Shorter batches: in lane order and settled, or (bulk_min == 0) the exact row path."""
     n = pend_n[plane]
     if n == 0:
         return True
     if bulk_min > 0 and n >= bulk_min:
-        weight_stats(wts[plane], wstat[plane])
-        if exact_in_f64(pstat[plane], wstat[plane], lanes):
-            hz[0], hz[3] = H_FLUSH, plane
-            return False
-    products(pend_x[plane], n, wts[plane], ybuf)
+        hz[0], hz[3] = H_FLUSH, plane
+        return False
+    products(pend_x[plane], n, wts32[plane], wdt[plane], ybuf, bulk_min == 0, wnorm[plane])
     accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
-    pstat[plane, :] = 0
     return True
 
 
@@ -234,7 +232,7 @@ def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring, f16tab,
              sa, sb, so, fa, fb, ia, u32, f32v, hz, counters):
     binary = op >= C_ADD and op <= C_MIN
@@ -277,9 +275,9 @@ def mxm_input_ok(ref, plane, spd):
 
 
 @njit(cache=True)
-def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts, wstat,
-             wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n, pstat, ybuf, bulk_min, hz,
-             counters):
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts32,
+             wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n, ybuf, tmp32,
+             bulk_min, hz, counters):
     if op == C_LW:
         row, ref, cvt = a[0], a[1], a[2]
         if row < 0 or row >= lanes:
@@ -306,7 +304,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
                 lbuf[plane, b, row, l] = sa[b, l]
         return True
     if op == C_IW:
-        if not flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_bits, bulk_min, hz):
+        if not flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
             return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
@@ -328,11 +326,11 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         lw_dt[plane, :] = -1
         order[0][plane, :] = -1
         busy[plane] = t + 1
-        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts[plane], wstat[plane])
+        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts32[plane], wnorm[plane], tmp32)
         wdt[plane] = dt
         return True
     if op == C_ABC:
-        if pend_n[plane] == pend_x.shape[1] and not flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat,
+        if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n,
                                                          ybuf, acc_bits, bulk_min, hz):
             return False
         ref, row, accum = a[0], a[1], a[2]
@@ -364,10 +362,12 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
             return False
         nb = pend_n[plane]
         x = pend_x[plane, nb]
-        st = pstat[plane]
-        for l in range(lanes):
-            x[l] = np.float64(np.int8(sa[0, l])) if dt == D_I8 else f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
-            note(st, x[l])
+        if dt == D_I8:
+            for l in range(lanes):
+                x[l] = np.float64(np.int8(sa[0, l]))
+        else:
+            for l in range(lanes):
+                x[l] = f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
         pend_meta[plane, nb, 0], pend_meta[plane, nb, 1], pend_meta[plane, nb, 2] = row, accum, dt
         pend_n[plane] = nb + 1
         acc_kind[plane, row] = kind
@@ -376,9 +376,14 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         counters[K_MXM_BUSY] += 1 if dt == D_I8 else 2 * pair_cycles
         counters[K_MACS] += lanes * lanes
         return True
-    if not flush(plane, lanes, wts, wstat, pend_x, pend_meta, pend_n, pstat, ybuf, acc_bits, bulk_min, hz):
+    row, ref = a[0], a[1]  # ACC: the batch is multiplied out first if one of its ABCs writes this row (the
+    waits = False          # other rows are not observable before their own ACC)
+    for b in range(pend_n[plane]):
+        if pend_meta[plane, b, 0] == row:
+            waits = True
+            break
+    if waits and not flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
         return False
-    row, ref = a[0], a[1]  # ACC
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
     if ref < 0 or not (ref >> 8 == D_I32 or ref >> 8 == D_F32) or not ref_ok(ref, 4, spd):
@@ -399,7 +404,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
     return stream_write(ref, 4, p, t + lat, ex, ring, so, hz)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz, counters):
     counters[K_SXM_BUSY] += 1
     if op == C_TPOUT:
@@ -439,15 +444,22 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
         return operand_error(hz, 2, k)
     if not stream_read(ref, w, p, t, ring, sa, hz):
         return False
-    for b in range(w):
+    for b in range(w):     # (SHIFT and ROTATE as contiguous runs, without a branch per lane)
         x, y = sa[b], so[b]
         if op == C_SHIFT:
-            for l in range(lanes):
-                y[l] = x[l - k] if l - k >= 0 and l - k < lanes else 0
+            lo, hi = min(max(k, 0), lanes), max(min(lanes + k, lanes), 0)
+            for l in range(lo):
+                y[l] = 0
+            for l in range(lo, hi):
+                y[l] = x[l - k]
+            for l in range(max(hi, lo), lanes):
+                y[l] = 0
         elif op == C_ROTATE:
             kk = k % lanes
-            for l in range(lanes):
-                y[l] = x[l - kk + lanes] if l < kk else x[l - kk]
+            for l in range(kk):
+                y[l] = x[l - kk + lanes]
+            for l in range(kk, lanes):
+                y[l] = x[l - kk]
         elif op == C_PERMUTE:
             tab = tables[k]
             for l in range(lanes):
@@ -458,7 +470,7 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
     return stream_write(oref, w, p, t + lat, ex, ring, so, hz)
 
 
-ABC_BATCH = 128    # an ABC's product is computed when its plane's ACC or IW comes, or 128 wait
+ABC_BATCH = 128    # an ABC's product is computed at its plane's IW, an ACC of its row, or when 128 wait
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -472,8 +484,9 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.full((slices, banks), -1, np.int64),               # bank_last
             np.zeros((nplanes, 2, lanes, lanes), np.uint8),       # lbuf: [plane, byte plane, row, lane]
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
-            np.zeros((nplanes, lanes, lanes), np.float64),        # wts
-            np.zeros((nplanes, 4), np.int64),                     # wstat: mxm statistics of the weights
+            np.zeros((nplanes, lanes, lanes), np.float64),        # wts: float64 copy of wts32 for BLAS (run._bulk)
+            np.zeros((nplanes, lanes, lanes), np.float32),        # wts32: installed weights (f16, i8: exact)
+            np.zeros((nplanes, lanes), np.float64),               # wnorm: column norms of the weights
             np.full(nplanes, -1, np.int64),                       # wdt
             np.zeros(nplanes, np.int64),                          # busy
             np.zeros((nplanes, acc_rows, lanes), np.uint32),      # acc_bits
@@ -483,7 +496,6 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.zeros((nplanes, ABC_BATCH, lanes), np.float64),    # pend_x: ABCs not yet multiplied out
             np.zeros((nplanes, ABC_BATCH, 3), np.int64),          # pend_meta: (acc row, accum, dtype)
             np.zeros(nplanes, np.int64),                          # pend_n
-            np.zeros((nplanes, 4), np.int64),                     # pstat: mxm statistics of the batch
             (np.full((nplanes, lanes), -1, np.int64),             # order: the LW each buffer row waits to install,
              np.zeros((nplanes, acc_rows), np.int64),             #   accumulator rows (0 unused, 1 result pending,
              np.full((nplanes, acc_rows), -1, np.int64)))         #   2 read out) and each row's last ABC
@@ -491,11 +503,12 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
 
 def reset(ws):
     """Back to the state of a machine that has run nothing (what a run can observe)."""
-    ring, bank_last, lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n, pstat, order = ws
+    (ring, bank_last, lbuf, lw_dt, wts, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n,
+     order) = ws
     ring[0].fill(NO_DIAG)
     ring[4].fill(0)
-    for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wts, 0), (wstat, 0), (wdt, -1), (busy, 0), (acc_bits, 0),
-                 (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0), (pstat, 0), (order[0], -1), (order[1], 0),
+    for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wts, 0), (wts32, 0), (wnorm, 0), (wdt, -1), (busy, 0),
+                 (acc_bits, 0), (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0), (order[0], -1), (order[1], 0),
                  (order[2], -1)):
         a.fill(v)
 
@@ -507,8 +520,8 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
     H_FLUSH: call again from there). Dispatch is by each instruction's core unit (`cunit`), then
     by its core operation."""
-    (ring, bank_last, lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
-     pend_n, pstat, order) = ws
+    (ring, bank_last, lbuf, lw_dt, _, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
+     pend_n, order) = ws
     sa = np.zeros((4, lanes), np.uint8)
     sb = np.zeros((4, lanes), np.uint8)
     so = np.zeros((4, lanes), np.uint8)
@@ -518,6 +531,7 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     u32 = np.zeros(lanes, np.uint32)
     f32v = u32.view(np.float32)
     ybuf = np.zeros((ABC_BATCH, lanes), np.float64)
+    tmp32 = np.zeros((lanes, lanes), np.float32)      # install's scratch
     for i in range(start, cyc.shape[0]):
         t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
         p = upos[i]
@@ -526,8 +540,8 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
                           ring, sa, sb, hz, counters)
         elif u == U_MXM:
             ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
-                          lbuf, lw_dt, wts, wstat, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x,
-                          pend_meta, pend_n, pstat, ybuf, bulk_min, hz, counters)
+                          lbuf, lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so,
+                          pend_x, pend_meta, pend_n, ybuf, tmp32, bulk_min, hz, counters)
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)

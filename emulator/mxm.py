@@ -1,124 +1,188 @@
 """Jitted MXM arithmetic of the core (emulator/core.py): weight install, the products of pending
-ABCs, accumulation, and the test that decides when a batch may go to BLAS instead.
+ABCs, accumulation.
 
 The accumulation contract (docs/accumulation.md): an ABC's dot product over the lanes is the
-sum, in lane order k = 0, 1, ..., in float64, of the products x[k] * w[k, n], each exact in
-float64 (f16 x f16 needs 22 significant bits, i8 x i8 15), rounded once to f32 (f16) or taken
-as an integer (i8); then added to the accumulator row in f32 (or i32, wrapping) when `accum`.
+EXACT sum of the exact products x[k] * w[k, n], rounded once to f32 (nearest even) for f16, or
+taken as the exact integer for i8; then added to the accumulator row in f32 (or i32, wrapping)
+when `accum`. The order of the additions does not enter, so every exact method gives the bits:
 
-Batches. The ABCs that meet one installed weight buffer are kept pending and multiplied out
-together when the plane's ACC or IW comes (or the batch is full). Two ways, same bits:
-- `products`: each element summed over k in order (the contract, literally);
-- BLAS (`x @ w` in float64, emulator/run.py), only when `exact_in_f64` proves every partial sum
-  of every element is exact in float64 in any order: then the BLAS sum and the in-order sum are
-  both the exact sum. Values are integers in units of 2^-24 (every f16 is; i8 too), products
-  multiples of 2^(tx + tw) where 2^tx is the lowest set bit over the batch's activations and 2^tw
-  over the weights, and bounded by 2^(bx + bw) (bx, bw: bit lengths of the largest magnitudes);
-  a sum of K of them needs at most bx + bw + ceil(log2 K) - tx - tw bits, exact if <= 53.
-  Non-finite operands never take the BLAS path.
+- `products` (every batch with run(..., bulk=False), and short batches): each element summed
+  exactly in two float64 accumulators (`exact_dot`), then correctly rounded (`round_f32`);
+- `settle` after a BLAS product (`x @ w` in float64, emulator/run.py): BLAS sums in some order
+  with an error of at most K * 2^-53 * sum |x[k] w[k, n]| <= K * 2^-53 * |x|_2 |w[:, n]|_2;
+  where the f32 rounding of every value within twice that bound of the BLAS result is the same
+  f32, that f32 is the rounding of the exact sum. The few other elements (cancellation, a sum
+  within the bound of an f32 rounding boundary, non-finite values) are recomputed with
+  `exact_dot`.
+
+Numbers: f16 and i8 values are multiples of 2^-24 below 2^16, so every product is exact in
+float64 (at most 22 significant bits), a multiple of 2^-48 below 2^32.
 """
 import numpy as np
 from numba import njit
 
 from lpu.emulator.arith import D_I8, wrap32
 
-SCALE = float(1 << 24)    # f16 and i8 values are integers in units of 2^-24
 MANTISSA = 53             # bits of a float64 significand
-S_OR, S_MAX, S_BAD, S_DONE = range(4)   # statistics: OR and max of |v| * 2^24, non-finite seen, computed
 
 
 @njit(cache=True)
-def bit_length(v):
-    n = 0
-    while v != 0:
-        v >>= 1
-        n += 1
-    return n
+def split_scale(k):
+    """2^(s - 48): a product p (a multiple of 2^-48 below 2^32) is split into its high part
+    h = trunc(p / 2^(s - 48)) * 2^(s - 48) and its low part p - h, below 2^(s - 48), with s such
+    that k low parts (k * 2^s <= 2^53 units of 2^-48) and k high parts (multiples of 2^(s - 48)
+    below 2^32 * k) both add exactly in float64, in any order."""
+    b = 0
+    while (1 << b) < k:
+        b += 1
+    return 2.0 ** (MANTISSA - b - 48)
 
 
 @njit(cache=True)
-def trailing_zeros(v):
-    n = 0
-    while v != 0 and (v & 1) == 0:
-        v >>= 1
-        n += 1
-    return n
-
-
-@njit(cache=True, inline="always")
-def note(stat, v):
-    """Fold value v into the statistics stat[S_OR, S_MAX, S_BAD]."""
-    if not np.isfinite(v):
-        stat[S_BAD] = 1
-        return
-    iv = np.int64(abs(v) * SCALE)
-    stat[S_OR] |= iv
-    if iv > stat[S_MAX]:
-        stat[S_MAX] = iv
+def round_f32(hi, lo):
+    """The f32 nearest (ties to even) to the exact hi + lo, as a float64: hi + lo rounded to
+    odd at 53 bits (error-free two-sum, then the odd one of the two neighbours), which rounds
+    to f32 as the exact sum does (53 >= 24 + 2)."""
+    r = hi + lo
+    bb = r - hi
+    e = (hi - (r - bb)) + (lo - bb)
+    if e != 0.0:
+        r2 = np.nextafter(r, np.inf if e > 0.0 else -np.inf)
+        if np.fmod(r / abs(r2 - r), 2.0) == 0.0:     # r's significand is even: take r2
+            r = r2
+    return np.float64(np.float32(r)) + 0.0
 
 
 @njit(cache=True)
-def exact_in_f64(xs, ws, k):
-    """Whether every partial sum of k products of a batch (statistics xs) and weights (ws) is
-    exact in float64, whatever the order (see the module docstring)."""
-    if xs[S_BAD] != 0 or ws[S_BAD] != 0:
-        return False
-    if xs[S_OR] == 0 or ws[S_OR] == 0:
-        return True
-    bits = bit_length(xs[S_MAX]) + bit_length(ws[S_MAX]) + bit_length(k - 1)
-    return bits - trailing_zeros(xs[S_OR]) - trailing_zeros(ws[S_OR]) <= MANTISSA
+def exact_dot(x, w, m, c):
+    """The contract's f32 result (as float64) of the dot product x . w[:, m] of one element
+    (c: split_scale(k))."""
+    hi = 0.0
+    lo = 0.0
+    for k in range(x.shape[0]):
+        p = x[k] * w[k, m]
+        h = np.trunc(p / c) * c
+        hi += h
+        lo += p - h
+    if np.isfinite(hi) and np.isfinite(lo):
+        return round_f32(hi, lo)
+    t = 0.0           # a non-finite product: the IEEE sum (NaN, or an infinity) in any order
+    for k in range(x.shape[0]):
+        t += x[k] * w[k, m]
+    return np.float64(np.float32(t))
 
 
 @njit(cache=True)
-def weight_stats(w, stat):
-    """The statistics of installed weights, computed once per install, when a batch first asks."""
-    if stat[S_DONE] != 0:
-        return
-    for k in range(w.shape[0]):
-        for n in range(w.shape[1]):
-            note(stat, w[k, n])
-    stat[S_DONE] = 1
-
-
-@njit(cache=True)
-def install(buf, dt, trans, lanes, f16tab, w, stat):
-    """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed if trans) as numbers;
-    stat: their statistics, to be computed (weight_stats)."""
-    stat[:] = 0
-    lo, hi = buf[0], buf[1]
-    if dt == D_I8 and trans:
-        for k in range(lanes):
-            for n in range(lanes):
-                w[k, n] = np.float64(np.int8(lo[n, k]))
-    elif dt == D_I8:
-        for k in range(lanes):
-            for n in range(lanes):
-                w[k, n] = np.float64(np.int8(lo[k, n]))
-    elif trans:
-        for k in range(lanes):
-            for n in range(lanes):
-                w[k, n] = f16tab[np.int64(lo[n, k]) | (np.int64(hi[n, k]) << 8)]
-    else:
-        for k in range(lanes):
-            for n in range(lanes):
-                w[k, n] = f16tab[np.int64(lo[k, n]) | (np.int64(hi[k, n]) << 8)]
-
-
-@njit(cache=True)
-def products(x, n, w, y):
-    """y[b, m] = sum over k, in order, of x[b, k] * w[k, m] in float64, for b < n (each weight
-    row read once for the batch)."""
+def products(x, n, w, dt, y, exact, wnorm):
+    """y[b, m] = the contract's result for the rows b < n of x (each weight row read once for
+    the batch). f16 with `exact`: the high and low parts of `exact_dot` in y and a second
+    array; else a float64 sum in lane order, settled like a BLAS product (`settle`, wnorm: the
+    column norms of w)."""
     lanes = w.shape[1]
     for b in range(n):
         for m in range(lanes):
             y[b, m] = 0.0
+    if dt == D_I8 or not exact:         # i8: integers below 2^23, every float64 sum is exact
+        for k in range(w.shape[0]):
+            row = w[k]
+            for b in range(n):
+                xk, yb = x[b, k], y[b]
+                for m in range(lanes):
+                    yb[m] += xk * row[m]
+        if dt != D_I8:
+            settle(x, n, w, wnorm, y)
+        return
+    c = split_scale(w.shape[0])
+    ic = 1.0 / c
+    lo = np.zeros((n, lanes))
     for k in range(w.shape[0]):
         row = w[k]
         for b in range(n):
-            xk = x[b, k]
-            yb = y[b]
+            xk, yb, lb = x[b, k], y[b], lo[b]
             for m in range(lanes):
-                yb[m] += xk * row[m]
+                p = xk * row[m]
+                h = np.trunc(p * ic) * c
+                yb[m] += h
+                lb[m] += p - h
+    for b in range(n):
+        for m in range(lanes):
+            if np.isfinite(y[b, m]) and np.isfinite(lo[b, m]):
+                y[b, m] = round_f32(y[b, m], lo[b, m])
+            else:
+                y[b, m] = exact_dot(x[b], w, m, c)
+
+
+@njit(cache=True)
+def settle(x, n, w, wnorm, y):
+    """Turn the float64 BLAS product y = x[:n] @ w (f16 operands) into the contract's results:
+    keep round(y) where the error bound proves it, recompute the rest exactly. Returns how many
+    elements were recomputed."""
+    k = w.shape[0]
+    cs = split_scale(k)
+    c = 2.0 * k * 2.0 ** -MANTISSA      # twice the summation error bound per unit of |x| |w|
+    redo = 0
+    for b in range(n):
+        xn = 0.0
+        for j in range(k):
+            xn += x[b, j] * x[b, j]
+        xn = np.sqrt(xn) * c
+        for m in range(w.shape[1]):
+            v = y[b, m]
+            e = xn * wnorm[m]
+            lo, hi = np.float32(v - e), np.float32(v + e)
+            if np.isfinite(v) and np.isfinite(e) and lo == hi:
+                y[b, m] = np.float64(np.float32(v)) + 0.0
+            else:
+                y[b, m] = exact_dot(x[b], w, m, cs)
+                redo += 1
+    return redo
+
+
+@njit(cache=True)
+def install(buf, dt, trans, lanes, f16tab, w, wnorm, tmp):
+    """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed if trans) as float32
+    numbers (f16 and i8 values are exact in it); wnorm[n]: the 2-norm of column n (for
+    `settle`), rounded up a little. tmp: a float32 scratch [lanes, lanes] (the untransposed
+    numbers; copied to w in tiles)."""
+    lo, hi = buf[0], buf[1]
+    dst = tmp if trans else w
+    if dt == D_I8:
+        for k in range(lanes):
+            for n in range(lanes):
+                dst[k, n] = np.float32(np.int8(lo[k, n]))
+    else:
+        for k in range(lanes):
+            for n in range(lanes):
+                dst[k, n] = f16tab[np.int64(lo[k, n]) | (np.int64(hi[k, n]) << 8)]
+    if trans:
+        for k0 in range(0, lanes, 32):
+            for n0 in range(0, lanes, 32):
+                for k in range(k0, min(k0 + 32, lanes)):
+                    for n in range(n0, min(n0 + 32, lanes)):
+                        w[k, n] = tmp[n, k]
+    column_norms(w, wnorm)
+
+
+@njit(cache=True)
+def column_norms(w, out):
+    """out[n] = the 2-norm of w[:, n], rounded up a little (an upper bound despite rounding)."""
+    out[:] = 0.0
+    for k in range(w.shape[0]):
+        for n in range(w.shape[1]):
+            v = np.float64(w[k, n])
+            out[n] += v * v
+    for n in range(w.shape[1]):
+        out[n] = np.sqrt(out[n]) * (1.0 + 2.0 ** -40)
+
+
+def blas_products(x, w, dt, wnorm):
+    """The contract's results for every row of x, computed with one float64 BLAS product (on
+    the host: numba's np.dot would need SciPy), settled (f16) or exact already (i8)."""
+    with np.errstate(invalid="ignore"):
+        y = x @ w
+    if dt != D_I8:
+        settle(x, x.shape[0], w, wnorm, y)
+    return y
 
 
 @njit(cache=True)

@@ -304,20 +304,18 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
                        cycle, qname, src, op.name, line, HAZARD_KIND[kind], expected)
 
 
-BULK_MIN = 4    # batches of this many ABCs or more go to BLAS when that gives the same bits
+BULK_MIN = 4    # batches of this many ABCs or more are multiplied out with BLAS
 
 
 def _bulk(ws, plane: int) -> None:
-    """Multiply out the pending ABCs of `plane` with one BLAS product (core.flush asked for it,
-    having proved with mxm.exact_in_f64 that every sum is exact: the bits of mxm.products).
-    + 0.0 turns an exact zero that BLAS may give as -0 into the +0 of the in-order sum."""
-    _, _, _, _, wts, _, _, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, pstat, _ = ws
+    """Multiply out the pending ABCs of `plane` with one BLAS product (core.flush asked for it),
+    then settle it to the contract's bits (mxm.settle; i8: BLAS's float64 sum is exact)."""
+    _, _, _, _, wts, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _ = ws
     n = int(pend_n[plane])
-    y = pend_x[plane, :n] @ wts[plane]
-    y += 0.0
+    np.copyto(wts[plane], wts32[plane])      # BLAS takes float64 (the same numbers)
+    y = mxm.blas_products(pend_x[plane, :n], wts[plane], wdt[plane], wnorm[plane])
     mxm.accumulate(acc_bits[plane], pend_meta[plane], n, y)
     pend_n[plane] = 0
-    pstat[plane] = 0
 
 
 def _unwritten_output(program: Program, prep, valid: np.ndarray, cycles: int) -> HazardError | None:

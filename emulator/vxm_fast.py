@@ -83,10 +83,18 @@ def compute(op, a, adt, b, bdt, bimm, imm, odt, nv, lanes, f16tab, fa, fb, u32, 
     for l in range(lanes):
         f32v[l] = fa[l] if l < nv else np.float32(0.0)
     if odt == D_F16:
-        for l in range(lanes):
-            h = f32_bits_to_f16(np.int64(u32[l])) if l < nv else 0
+        for l in range(lanes):              # f16-normal and too big: round the bits (ties to even)
+            u = np.int64(u32[l])
+            a = u & 0x7FFFFFFF
+            h = ((u >> 16) & 0x8000) | min(((a + 0xFFF + ((a >> 13) & 1)) >> 13) - (112 << 10), 0x7C00)
             dst[0, l] = h & 0xFF
             dst[1, l] = (h >> 8) & 0xFF
+        for l in range(lanes):              # zero, f16-subnormal, inf, NaN (and lanes >= nv: zero)
+            a = np.int64(u32[l]) & 0x7FFFFFFF
+            if a < 0x38800000 or a >= 0x7F800000:
+                h = f32_bits_to_f16(np.int64(u32[l]))
+                dst[0, l] = h & 0xFF
+                dst[1, l] = (h >> 8) & 0xFF
     else:
         for l in range(lanes):
             u = u32[l]

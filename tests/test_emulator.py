@@ -9,6 +9,7 @@ from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
 from lpu.isa.machine import EAST, WEST, MachineConfig
 from tests.progbuild import ProgBuilder, ref
+from tests.test_emulator_mxm import reference
 
 M = MachineConfig.load("tiny")
 L = M.lanes
@@ -287,15 +288,8 @@ def mxm_program(dtype, trans=False, batches=2, acc_shift=0, abc_gap=None):
 
 
 def f16_matmul(x, w):
-    """The f16 ABC rule: dot products in f64, summed in lane order, rounded to f32 once."""
-    out = np.zeros((x.shape[0], w.shape[1]), np.float32)
-    for r in range(x.shape[0]):
-        for n in range(w.shape[1]):
-            s = 0.0
-            for k in range(w.shape[0]):
-                s += float(x[r, k]) * float(w[k, n])
-            out[r, n] = np.float32(s)
-    return out
+    """The f16 ABC rule: the exact sum of the exact products, rounded to f32 once."""
+    return reference(np.asarray(x, np.float64), np.asarray(w, np.float64))
 
 
 @pytest.mark.parametrize("trans", [False, True])

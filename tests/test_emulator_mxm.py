@@ -1,0 +1,185 @@
+"""The MXM accumulation contract (docs/accumulation.md): every ABC result is the exact sum of the
+exact products rounded once to f32 (f16) or the exact integer (i8). A plain Python reference
+(integers in units of 2^-48, rounded to f32 by hand) checks both ways the emulator computes it:
+the row path (`mxm.products`, in the core) and the bulk path (`mxm.blas_products`: float64
+BLAS, settled by an error bound, the doubtful elements recomputed); whole bundled programs give
+the same bits both ways."""
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lpu.api import inputs_for
+from lpu.compiler.driver import compile_file
+from lpu.emulator import mxm
+from lpu.emulator.arith import D_F16, D_I8
+from lpu.emulator.run import run
+
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs")
+
+
+# ---- the reference ------------------------------------------------------------------------------
+def _round_f32(n: int) -> float:
+    """n units of 2^-48 rounded to the nearest f32 (ties to even); never subnormal or too big."""
+    a = abs(n)
+    shift = a.bit_length() - 24
+    if shift > 0:
+        q, r = divmod(a, 1 << shift)
+        half = 1 << (shift - 1)
+        if r > half or (r == half and q & 1):
+            q += 1
+        a = q << shift
+    return math.copysign(math.ldexp(a, -48), n) if a else 0.0
+
+
+def reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    out = np.zeros((x.shape[0], w.shape[1]), np.float32)
+    for b in range(x.shape[0]):
+        for m in range(w.shape[1]):
+            ps = [float(x[b, k]) * float(w[k, m]) for k in range(w.shape[0])]
+            if not all(math.isfinite(p) for p in ps):
+                bad = any(math.isnan(p) for p in ps) or (math.inf in ps and -math.inf in ps)
+                out[b, m] = math.nan if bad else math.copysign(math.inf, sum(p for p in ps if math.isinf(p)))
+                continue
+            n = sum(int(x[b, k] * 2.0**24) * int(w[k, m] * 2.0**24) for k in range(w.shape[0]))
+            out[b, m] = _round_f32(n)
+    return out
+
+
+def _bits(y) -> np.ndarray:
+    """f32 bit patterns, every NaN alike (the contract leaves a NaN's sign and payload open)."""
+    y = np.asarray(y, np.float32)
+    bits = y.view(np.uint32).copy()
+    bits[np.isnan(y)] = 0x7FC00000
+    return bits
+
+
+def both_paths(x, w):
+    n = x.shape[0]
+    norms = np.zeros(w.shape[1])
+    mxm.column_norms(w, norms)
+    row, short = np.zeros((n, w.shape[1])), np.zeros((n, w.shape[1]))
+    mxm.products(x, n, w, D_F16, row, True, norms)
+    mxm.products(x, n, w.astype(np.float32), D_F16, short, False, norms)     # as the core: f32 weights
+    assert np.array_equal(_bits(short), _bits(row))
+    return row, mxm.blas_products(x, w, D_F16, norms)
+
+
+def assert_contract(x, w):
+    want = _bits(reference(x, w))
+    row, bulk = both_paths(x, w)
+    assert np.array_equal(_bits(row), want)
+    assert np.array_equal(_bits(bulk), want)
+    assert np.array_equal(row.astype(np.float32).astype(np.float64), row, equal_nan=True)   # f32 values
+
+
+# ---- random operands with extreme exponents and cancellation --------------------------------------
+def _f16(exps, mant, sign):
+    return (sign * mant * np.exp2(exps)).astype(np.float16).astype(np.float64)
+
+
+@st.composite
+def operands(draw):
+    """f16 activations [n, k] and weights [k, m], exponents over the whole f16 range or in a
+    band, products that cancel exactly, zeros, and (sometimes) a few huge and tiny values."""
+    n, k, m = draw(st.integers(1, 6)), draw(st.sampled_from([8, 16, 32, 320])), 8
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    lo, hi = draw(st.sampled_from([(-24, 15), (-6, 4), (-2, 2), (0, 0)]))
+    x = _f16(rng.integers(lo, hi + 1, (n, k)), rng.integers(1, 2048, (n, k)) / 1024, rng.choice([-1, 1], (n, k)))
+    w = _f16(rng.integers(lo, hi + 1, (k, m)), rng.integers(1, 2048, (k, m)) / 1024, rng.choice([-1, 1], (k, m)))
+    half = k // 2
+    if draw(st.booleans()):          # x[:, half:] * w[half:] cancels x[:, :half] * w[:half] exactly
+        x[:, half:2 * half] = x[:, :half]
+        w[half:2 * half] = -w[:half]
+        if draw(st.booleans()):      # ... but for one tiny product, far below the big ones
+            x[:, 0], w[0] = 2.0**-24, 2.0**-20
+    x[rng.random((n, k)) < 0.1] = 0.0
+    return x, w
+
+
+@given(operands())
+def test_row_and_bulk_paths_give_the_exact_sum_rounded_once(ops):
+    assert_contract(*ops)
+
+
+def test_adversarial_sums():
+    k = 8
+    x = np.zeros((6, k))
+    w = np.ones((k, 2))
+    w[2, 0] = 2.0**-20                                # x[:, 2] * w[2, 0]: +-2^-40
+    w[[0, 1, 3], 1] = [2.0**15, 2.0**-24, 2.0**15]    # row 3, column 1: 2^30 + 2^-48 - 2^30
+    x[0, :3] = [1.0, 2.0**-24, 0.0]                  # exactly halfway between two f32: to even (1.0)
+    x[1, :3] = [1.0, 2.0**-24, 2.0**-20]             # just above halfway: up
+    x[2, :3] = [1.0, 2.0**-24, -2.0**-20]            # just below: down
+    x[3, :4] = [2.0**15, 2.0**-24, 0.0, -2.0**15]    # a tiny sum under cancelling big ones
+    x[4, :5] = [2.0**15, 1.0, 0.0, -2.0**15, -1.0]   # exactly zero (+0)
+    x[5, :4] = [1.0 + 2.0**-10, 2.0**-14, 0.0, -1.0]
+    assert np.array_equal(x.astype(np.float16).astype(np.float64), x) and np.array_equal(w.astype(np.float16), w)
+    assert_contract(x, w)
+    row, _ = both_paths(x, w)
+    assert row[0, 0] == 1.0 and row[1, 0] == np.nextafter(np.float32(1), np.float32(2))
+    assert row[2, 0] == 1.0 and row[3, 0] == 2.0**-24 and np.signbit(row[4, 0]) == 0
+    # the old contract's in-lane-order float64 sum loses the tiny term of row 3, column 1
+    assert row[3, 1] == 2.0**-48 and (2.0**30 + 2.0**-48) - 2.0**30 == 0.0
+
+
+def test_non_finite_products():
+    x = np.array([[np.inf, 1.0, 0.0], [np.inf, -np.inf, 0.0], [np.inf, 0.0, 0.0], [np.nan, 1.0, 0.0],
+                  [-np.inf, 1.0, 65504.0]])
+    w = np.array([[1.0, 0.0], [1.0, 1.0], [65504.0, 1.0]])
+    assert_contract(x, w)
+
+
+def test_bulk_path_recomputes_only_doubtful_elements():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 320)).astype(np.float16).astype(np.float64)
+    w = (rng.standard_normal((320, 320)) / 18).astype(np.float16).astype(np.float64)
+    norms = np.zeros(320)
+    mxm.column_norms(w, norms)
+    y = x @ w
+    redo = mxm.settle(x, 64, w, norms, y)
+    assert 0 <= redo < 0.01 * y.size
+    x[:, 160:] = x[:, :160]
+    w[160:] = -w[:160]                    # every sum exactly zero: every element is recomputed
+    y = x @ w
+    assert mxm.settle(x, 64, w, norms, y) == y.size and not np.any(y)
+
+
+def test_i8_products_are_exact_integers():
+    rng = np.random.default_rng(4)
+    x = rng.integers(-128, 128, (5, 320)).astype(np.float64)
+    w = rng.integers(-128, 128, (320, 320)).astype(np.float64)
+    y = np.zeros((5, 320))
+    mxm.products(x, 5, w, D_I8, y, True, np.zeros(320))
+    want = x.astype(np.int64) @ w.astype(np.int64)
+    assert np.array_equal(y, want) and np.array_equal(mxm.blas_products(x, w, D_I8, np.zeros(320)), want)
+
+
+# ---- whole programs: the bulk path changes no bit ------------------------------------------------
+def _same_bits(a, b):
+    for name in a:
+        assert a[name].dtype == b[name].dtype and np.array_equal(a[name].view(np.uint8), b[name].view(np.uint8)), name
+
+
+def _bulk_equals_row(name, machine, params=None):
+    prog, graph = compile_file(os.path.join(PROGRAMS, name + ".lpu"), params or {}, machine)
+    values = inputs_for(graph, prog, 0)
+    a, b = run(prog, values), run(prog, values, bulk=False)
+    _same_bits(a.outputs, b.outputs)
+    _same_bits(a.states, b.states)
+    assert a.cycles == b.cycles == prog.predicted_cycles
+
+
+@pytest.mark.parametrize("name", ["matmul", "mlp", "attention_decode", "gpt2_block_decode"])
+def test_bundled_programs_bulk_equals_row(name, tsp):
+    _bulk_equals_row(name, tsp)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["attention_prefill", "gpt2_block_prefill", "llama_block_prefill",
+                                  "llama_block_decode"])
+def test_bundled_prefills_bulk_equals_row(name, tsp):
+    _bulk_equals_row(name, tsp)
