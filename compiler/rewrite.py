@@ -1,0 +1,158 @@
+"""Pass `rewrite` (before `plan`): layout choices made as graph rewrites, into ops the back end
+already lowers, so that lane reductions become reductions across vectors.
+
+Transposed attention scores. A row softmax of scores s = a @ b.T ([Nq, Nk]) reduces each row
+over the lanes: a tree of SXM shifts and VXM ops per row, the SXM's queues the bottleneck and
+every step a trip to the chip's edge. Computed transposed, sT = b @ a.T ([Nk, Nq]: a row per
+key, the queries across the lanes), the same reductions run across vectors (VXM trees fed from
+the streams, no SXM), and the reduced [Nq, 1] columns become [1, Nq] rows that broadcast over
+sT's vectors for free. The region rewritten is s and every op downstream of it that is
+elementwise (its other operands scalars) or a reduction over the last axis, up to matmuls that
+take a region tensor p as their left operand: p @ v becomes (v.T @ pT).T, v.T through the SXM
+transpose buffers (one transpose of v's source when v is a slice of its last axis, the heads'
+slices then rows of it: views), the result transposed back the same way. Every op keeps its
+dtype and its rounding; sums are added in another order (the reference's tolerance).
+
+A region is rewritten only where it pays: it holds a reduction over rows of at least
+`MIN_ROW` lanes, and there are at least 2 query rows (a single row is one vector either way).
+"""
+from __future__ import annotations
+
+from lpu.compiler import ops
+from lpu.compiler.ir import IRGraph
+
+MIN_ROW = 16      # rows narrower than this reduce in a few lane steps: not worth two transposes
+
+
+def _scalar(n) -> bool:
+    return n.op == "const" and n.size == 1
+
+
+def _region(g: IRGraph, s) -> tuple[set, list] | None:
+    """(region node ids, exit matmul ids) grown from the score matmul s, or None."""
+    nq, nk = s.shape
+    region, exits, todo = {s.id}, [], [s.id]
+    has_reduce = False
+    while todo:
+        nid = todo.pop()
+        for u in g.users(nid):
+            if u in region or u in exits:
+                continue
+            un = g.node(u)
+            if un.op == "matmul" and un.inputs[0] == nid and un.inputs[1] not in region \
+                    and len(g.node(un.inputs[1]).shape) == 2:
+                exits.append(u)
+                continue
+            ok = un.op in ops.ELEMENTWISE and un.op != "where" or (
+                un.op in ops.REDUCE and un.attrs["axis"] == 1 and len(un.shape) == 2)
+            if not ok or un.shape not in ((nq, nk), (nq, 1)):
+                return None
+            if any(i not in region and not _scalar(g.node(i)) for i in un.inputs):
+                return None
+            has_reduce |= un.op in ops.REDUCE
+            region.add(u)
+            todo.append(u)
+    if not has_reduce or not exits:
+        return None
+    return region, exits
+
+
+def _candidates(g: IRGraph) -> dict[int, tuple[set, list]]:
+    out = {}
+    taken: set = set()
+    for n in g.nodes():
+        if n.op != "matmul" or len(n.shape) != 2 or n.shape[0] < 2 or n.shape[1] < MIN_ROW:
+            continue
+        a, t = (g.node(i) for i in n.inputs)
+        if t.op != "transpose" or list(t.attrs["perm"]) != [1, 0] or len(a.shape) != 2:
+            continue
+        r = _region(g, n)
+        if r is None or r[0] & taken:
+            continue
+        taken |= r[0]
+        out[n.id] = r
+    return out
+
+
+def transpose_scores(g: IRGraph) -> IRGraph:
+    """The graph with every profitable score region computed transposed (g itself if none)."""
+    cands = _candidates(g)
+    if not cands:
+        return g
+    region_of = {nid: s for s, (r, _) in cands.items() for nid in r}
+    exit_of = {e: s for s, (_, ex) in cands.items() for e in ex}
+    new = IRGraph(g.source_name, g.source)
+    new.params = dict(g.params)
+    m: dict[int, int] = {}          # old id -> new id (region nodes: their transposed version)
+    tcache: dict[int, int] = {}     # old id -> new id of its transpose
+
+    def add(op, inputs, shape, dtype, attrs, like):
+        return new.add(op, inputs, shape, dtype, attrs, like.line, like.col)
+
+    def transposed(nid, like):
+        """New id of old node nid transposed (2-D), a row slice of a shared transpose when nid
+        is a slice of its source's last axis only."""
+        if nid in tcache:
+            return tcache[nid]
+        n = g.node(nid)
+        idx = n.attrs.get("index") if n.op == "slice" else None
+        src = g.node(n.inputs[0]) if idx is not None else None
+        if idx is not None and len(idx) == 2 and len(src.shape) == 2 and tuple(idx[0]) == (0, src.shape[0]) \
+                and not isinstance(idx[1], int):
+            if n.inputs[0] not in tcache:
+                tcache[n.inputs[0]] = add("transpose", (m[n.inputs[0]],), src.shape[::-1], src.dtype,
+                                          {"perm": (1, 0)}, like)
+            r = add("slice", (tcache[n.inputs[0]],), n.shape[::-1], n.dtype,
+                    {"index": ((idx[1][0], idx[1][1]), (0, src.shape[0]))}, like)
+        else:
+            r = add("transpose", (m[nid],), n.shape[::-1], n.dtype, {"perm": (1, 0)}, like)
+        tcache[nid] = r
+        return r
+
+    for n in g.nodes():
+        if n.id in cands:                       # sT = b @ a.T
+            a, t = n.inputs
+            b = g.node(t).inputs[0]
+            at = add("transpose", (m[a],), g.node(a).shape[::-1], g.node(a).dtype, {"perm": (1, 0)}, n)
+            m[n.id] = add("matmul", (m[b], at), n.shape[::-1], n.dtype, {}, n)
+        elif n.id in region_of:
+            attrs = dict(n.attrs)
+            if n.op in ops.REDUCE:
+                attrs["axis"] = 0
+            m[n.id] = add(n.op, tuple(m[i] for i in n.inputs), n.shape[::-1], n.dtype, attrs, n)
+        elif n.id in exit_of:                   # p @ v = (v.T @ pT).T
+            p, v = n.inputs
+            vt = transposed(v, n)
+            ot = add("matmul", (vt, m[p]), n.shape[::-1], n.dtype, {}, n)
+            m[n.id] = add("transpose", (ot,), n.shape, n.dtype, {"perm": (1, 0)}, n)
+        else:
+            m[n.id] = add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n)
+    new.decls = {k: m[v] for k, v in g.decls.items()}
+    new.outputs = {k: m[v] for k, v in g.outputs.items()}
+    new.final_states = {k: m[v] for k, v in g.final_states.items()}
+    return _prune(new)
+
+
+def _prune(g: IRGraph) -> IRGraph:
+    """g without the nodes nothing needs (no output, store or state depends on them); leaves stay."""
+    live = set()
+    todo = [n.id for n in g.nodes() if n.op in ("output", "store") or n.op in ops.LEAVES and n.op != "const"]
+    todo += list(g.final_states.values())
+    while todo:
+        nid = todo.pop()
+        if nid in live:
+            continue
+        live.add(nid)
+        todo.extend(g.node(nid).inputs)
+    if len(live) == len(g):
+        return g
+    new = IRGraph(g.source_name, g.source)
+    new.params = dict(g.params)
+    m = {}
+    for n in g.nodes():
+        if n.id in live:
+            m[n.id] = new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+    new.decls = {k: m[v] for k, v in g.decls.items()}
+    new.outputs = {k: m[v] for k, v in g.outputs.items()}
+    new.final_states = {k: m[v] for k, v in g.final_states.items()}
+    return new
