@@ -7,7 +7,8 @@ every step a trip to the chip's edge. Computed transposed, sT = b @ a.T ([Nk, Nq
 key, the queries across the lanes), the same reductions run across vectors (VXM trees fed from
 the streams, no SXM), and the reduced [Nq, 1] columns become [1, Nq] rows that broadcast over
 sT's vectors for free. The region rewritten is s and every op downstream of it that is
-elementwise (its other operands scalars) or a reduction over the last axis, up to matmuls that
+elementwise (its other operands scalars), a causal mask (transposed: `where` with a constant
+mask, shared by the heads) or a reduction over the last axis, up to matmuls that
 take a region tensor p as their left operand: p @ v becomes (v.T @ pT).T, v.T through the SXM
 transpose buffers (one transpose of v's source when v is a slice of its last axis, the heads'
 slices then rows of it: views), the result transposed back the same way. Every op keeps its
@@ -18,10 +19,16 @@ A region is rewritten only where it pays: it holds a reduction over rows of at l
 """
 from __future__ import annotations
 
+import numpy as np
+
 from lpu.compiler import ops
 from lpu.compiler.ir import IRGraph
+from lpu.isa.dtypes import NP_DTYPE
 
+MIN_Q = 2         # one query row is one vector either way (decode): left as it is
 MIN_ROW = 16      # rows narrower than this reduce in a few lane steps: not worth two transposes
+P_BACK_Q = 64     # up to this many query rows, p is transposed back instead (measured: faster
+#                   for attention_prefill and the gpt2/llama blocks, slower for bert_base's 128)
 
 
 def _scalar(n) -> bool:
@@ -43,7 +50,7 @@ def _region(g: IRGraph, s) -> tuple[set, list] | None:
                     and len(g.node(un.inputs[1]).shape) == 2:
                 exits.append(u)
                 continue
-            ok = un.op in ops.ELEMENTWISE and un.op != "where" or (
+            ok = un.op in ops.ELEMENTWISE and un.op != "where" or un.op == "causal" or (
                 un.op in ops.REDUCE and un.attrs["axis"] == 1 and len(un.shape) == 2)
             if not ok or un.shape not in ((nq, nk), (nq, 1)):
                 return None
@@ -61,7 +68,7 @@ def _candidates(g: IRGraph) -> dict[int, tuple[set, list]]:
     out = {}
     taken: set = set()
     for n in g.nodes():
-        if n.op != "matmul" or len(n.shape) != 2 or n.shape[0] < 2 or n.shape[1] < MIN_ROW:
+        if n.op != "matmul" or len(n.shape) != 2 or n.shape[0] < MIN_Q or n.shape[1] < MIN_ROW:
             continue
         a, t = (g.node(i) for i in n.inputs)
         if t.op != "transpose" or list(t.attrs["perm"]) != [1, 0] or len(a.shape) != 2:
@@ -85,6 +92,7 @@ def transpose_scores(g: IRGraph) -> IRGraph:
     new.params = dict(g.params)
     m: dict[int, int] = {}          # old id -> new id (region nodes: their transposed version)
     tcache: dict[int, int] = {}     # old id -> new id of its transpose
+    masks: dict = {}                # (shape, offset, dtype) -> new ids of a causal mask's constants
 
     def add(op, inputs, shape, dtype, attrs, like):
         return new.add(op, inputs, shape, dtype, attrs, like.line, like.col)
@@ -115,11 +123,29 @@ def transpose_scores(g: IRGraph) -> IRGraph:
             b = g.node(t).inputs[0]
             at = add("transpose", (m[a],), g.node(a).shape[::-1], g.node(a).dtype, {"perm": (1, 0)}, n)
             m[n.id] = add("matmul", (m[b], at), n.shape[::-1], n.dtype, {}, n)
+        elif n.id in region_of and n.op == "causal":     # -inf where key > query + offset
+            off = n.attrs.get("offset", 0)
+            key = (n.shape, off, n.dtype)
+            if key not in masks:
+                nq, nk = n.shape
+                keep = (np.arange(nk)[:, None] <= np.arange(nq)[None, :] + off).astype(np.int8)
+                masks[key] = (add("const", (), (nk, nq), "i8", {"value": keep}, n),
+                              add("const", (), (), n.dtype, {"value": np.array(-np.inf, NP_DTYPE[n.dtype])}, n))
+            c, ninf = masks[key]
+            m[n.id] = add("where", (c, m[n.inputs[0]], ninf), n.shape[::-1], n.dtype, {}, n)
         elif n.id in region_of:
             attrs = dict(n.attrs)
             if n.op in ops.REDUCE:
                 attrs["axis"] = 0
             m[n.id] = add(n.op, tuple(m[i] for i in n.inputs), n.shape[::-1], n.dtype, attrs, n)
+        elif n.id in exit_of and g.node(exit_of[n.id]).shape[0] <= P_BACK_Q:   # p @ v = f16(pT).T @ v
+            p, v = n.inputs
+            pn = g.node(p)
+            pt = m[p]
+            if pn.dtype == "f32":
+                pt = add("cast", (pt,), pn.shape[::-1], "f16", {"to": "f16"}, n)
+            pp = add("transpose", (pt,), pn.shape, "f16" if pn.dtype == "f32" else pn.dtype, {"perm": (1, 0)}, n)
+            m[n.id] = add("matmul", (pp, m[v]), n.shape, n.dtype, {}, n)
         elif n.id in exit_of:                   # p @ v = (v.T @ pT).T
             p, v = n.inputs
             vt = transposed(v, n)

@@ -44,8 +44,13 @@ def _ops(prog) -> set:
 
 
 @pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
-def test_transposed_scores_agree_with_the_reference(machine):
-    prog, g = compile_source(_src(), "a.lpu", {}, MachineConfig.load(machine))
+@pytest.mark.parametrize("mask", ["", "causal"])
+@pytest.mark.parametrize("rows", [48, 80])      # p transposed back (<= P_BACK_Q rows), or v and the result
+def test_transposed_scores_agree_with_the_reference(machine, mask, rows):
+    src = _src(S=rows, mask=mask)
+    g0 = elaborate_source(src, "a.lpu", {})
+    assert transpose_scores(g0) is not g0
+    prog, g = compile_source(src, "a.lpu", {}, MachineConfig.load(machine))
     assert not verify(prog)
     vals = random_values(g, 3)
     res = run(prog, vals)
