@@ -81,7 +81,7 @@ def _candidates(g: IRGraph) -> dict[int, tuple[set, list]]:
     return out
 
 
-def transpose_scores(g: IRGraph) -> IRGraph:
+def rewrite(g: IRGraph) -> IRGraph:
     """The graph with every profitable score region computed transposed (g itself if none)."""
     cands = _candidates(g)
     if not cands:

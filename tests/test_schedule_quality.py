@@ -9,7 +9,7 @@ import pytest
 from lpu.api import check
 from lpu.compiler.driver import compile_source
 from lpu.compiler.reference import random_values
-from lpu.compiler.rewrite import transpose_scores
+from lpu.compiler.rewrite import rewrite
 from lpu.compiler.frontend import elaborate_source
 from lpu.compiler.verify import verify
 from lpu.emulator.run import run
@@ -49,7 +49,7 @@ def _ops(prog) -> set:
 def test_transposed_scores_agree_with_the_reference(machine, mask, rows):
     src = _src(S=rows, mask=mask)
     g0 = elaborate_source(src, "a.lpu", {})
-    assert transpose_scores(g0) is not g0
+    assert rewrite(g0) is not g0
     prog, g = compile_source(src, "a.lpu", {}, MachineConfig.load(machine))
     assert not verify(prog)
     vals = random_values(g, 3)
@@ -60,7 +60,7 @@ def test_transposed_scores_agree_with_the_reference(machine, mask, rows):
 
 def test_row_softmax_of_scores_needs_no_lane_reduction():
     g = elaborate_source(_src(), "a.lpu", {})
-    t = transpose_scores(g)
+    t = rewrite(g)
     red = [n for n in t.nodes() if n.op in ("max", "sum")]
     assert red and all(n.attrs["axis"] == 0 for n in red)
     assert [n.shape for n in t.nodes() if n.op == "output"] == [n.shape for n in g.nodes() if n.op == "output"]
@@ -73,16 +73,16 @@ def test_transposed_scores_are_faster():
     g = elaborate_source(_src(S=128, D=512, H=8), "a.lpu", {})
     from lpu.compiler import driver
     fast = driver.compile_graph(g, m).predicted_cycles
-    orig = driver.transpose_scores
+    orig = driver.rewrite
     try:
-        driver.transpose_scores = lambda x: x
+        driver.rewrite = lambda x: x
         slow = driver.compile_graph(g, m).predicted_cycles
     finally:
-        driver.transpose_scores = orig
+        driver.rewrite = orig
     assert fast < 0.7 * slow, (fast, slow)
 
 
 def test_a_region_with_another_tensor_operand_is_left_alone():
     src = _src().replace("s = (q @ k.T", "s = (q @ k.T + x[:, 0:S]")
     g = elaborate_source(src, "a.lpu", {})
-    assert transpose_scores(g) is g
+    assert rewrite(g) is g
