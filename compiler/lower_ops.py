@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler import lower_mxm, movement, ops
+from lpu.compiler import lower_fuse, lower_mxm, movement, ops
 from lpu.compiler.lower_common import (
     copy, imm_bits, lane_step_chain, nv_of, stage, sxm_chain, sxm_vxm_chain, vxm_chain,
 )
@@ -55,6 +55,9 @@ def _operand(lw, nid, out_shape, out_grid, node):
 
 
 def lower_elementwise(lw, n):
+    if any(lw.plan.kind[i] == "fused" for i in n.inputs):
+        lower_fuse.lower_fused(lw, n, _operand)
+        return
     out = lw.grid[n.id]
     lw.pending_free = []
     args = [_operand(lw, i, n.shape, out, n) for i in n.inputs]

@@ -86,3 +86,41 @@ def test_a_region_with_another_tensor_operand_is_left_alone():
     src = _src().replace("s = (q @ k.T", "s = (q @ k.T + x[:, 0:S]")
     g = elaborate_source(src, "a.lpu", {})
     assert rewrite(g) is g
+
+
+FUSE = """input x : f16[3, 700]
+input g : f32[700]
+input m : f32[3, 1]
+output y = f16((x - m) * 0.5 * g + 1.0)
+output z = exp(x * 2.0) - x
+"""
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_fused_elementwise_chains_are_bit_exact_and_write_once(machine):
+    """(x - m) * 0.5 * g + 1.0, cast: one chain per output vector, no intermediate WRITEs, the
+    same bits as the reference (each op keeps its dtype and rounding on the links)."""
+    from lpu.compiler.plan import make_plan
+    from lpu.compiler.reference import run_reference
+    m = MachineConfig.load(machine)
+    g = elaborate_source(FUSE, "f.lpu", {})
+    plan = make_plan(g, m.lanes)
+    assert sum(k == "fused" for k in plan.kind.values()) >= 3
+    prog, g = compile_source(FUSE, "f.lpu", {}, m)
+    assert not verify(prog)
+    vals = random_values(g, 4)
+    res = run(prog, vals)
+    assert res.cycles == prog.predicted_cycles
+    want = run_reference(g, vals, k_tile=m.lanes)[0]
+    for k in g.outputs:
+        assert np.array_equal(np.asarray(res.outputs[k]), np.asarray(want[k]), equal_nan=True), k
+    from lpu.compiler import plan as P
+    orig = P.fusable
+    try:
+        P.fusable = lambda graph, kind: set()
+        unfused, _ = compile_source(FUSE, "f.lpu", {}, m)
+    finally:
+        P.fusable = orig
+    writes = [int((p.op == O.BY_NAME["WRITE"].code).sum()) for p in (prog, unfused)]
+    assert writes[0] < 0.6 * writes[1], writes
+    assert prog.predicted_cycles < unfused.predicted_cycles
