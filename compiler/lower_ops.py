@@ -150,17 +150,8 @@ def lower_reduce(lw, n):
         post = (O.VXM_BINARY["DIV"], imm_bits(count, cdt == "f32")) if n.op == "mean" else None
         _reduce_vectors(lw, n, src_n, src, out, axis, cdt, n.dtype, vop, post)
         return
-    if n.op == "mean":
-        mgrid, mregion = lw.temp(n.shape, cdt)
-    else:
-        mgrid, mregion = out, None
-    _reduce_lanes(lw, n, src_n, src, mgrid, cdt, final_dt, vop)
-    if n.op == "mean":
-        div = O.VXM_BINARY["DIV"]
-        for idx in np.ndindex(out.shape):
-            vxm_chain(lw, n, div, int(out[idx]), n.dtype, nv_of(n.shape, lw.lanes, idx[-1]),
-                      (int(mgrid[idx]), cdt), imm=imm_bits(count, cdt == "f32"), bimm=1)
-        lw.free_temp(mregion)
+    post = (O.VXM_BINARY["DIV"], imm_bits(count, cdt == "f32"), n.dtype) if n.op == "mean" else None
+    _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post)
 
 
 def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop, post=None):
@@ -289,7 +280,7 @@ def _tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
     lw.chains.append(cb.chain())
 
 
-def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
+def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
     """Per row: combine the chunks into one vector (in a temp; one pairwise tree chain when a
     chain takes them all, else in turn), then a lane tree in place, radix
     4 where the SXM has the queues: t = t op SHIFT(t, -s) op SHIFT(t, -2s) op SHIFT(t, -3s),
@@ -328,16 +319,20 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
             vxm_chain(lw, n, vop, ta, cdt, lanes, cur, vecs[j])
             cur = (ta, cdt)
         if steps == 0:
-            vxm_chain(lw, n, O.VXM_UNARY["CONV"], dst, final_dt, 1, cur)
+            if post is None:
+                vxm_chain(lw, n, O.VXM_UNARY["CONV"], dst, final_dt, 1, cur)
+            else:                         # (a mean of one lane: the division alone)
+                vxm_chain(lw, n, post[0], dst, post[2], 1, cur, imm=post[1], bimm=1)
             continue
         for si, shifts in enumerate(plan):
             d, ddt, nv = (dst, final_dt, 1) if si == steps - 1 else (ta, cdt, lanes)
+            pst = post if si == steps - 1 else None
             if len(shifts) == 1:
-                sxm_vxm_chain(lw, n, sop, -shifts[0], cur[0], vop, cur, d, cur[1], ddt, nv)
+                sxm_vxm_chain(lw, n, sop, -shifts[0], cur[0], vop, cur, d, cur[1], ddt, nv, pst)
             else:
                 if len(shifts) == 2:      # pad to a power of two with a shift that adds nothing
                     shifts = shifts + [lanes] if sop == O.SHIFT else shifts + [shifts[0]]
-                lane_step_chain(lw, n, sop, shifts, cur, vop, d, cdt, ddt, nv)
+                lane_step_chain(lw, n, sop, shifts, cur, vop, d, cdt, ddt, nv, pst)
             cur = (d, ddt)
     for r in held + [r1]:
         lw.free_temp(r)
