@@ -5,12 +5,15 @@ written. Unfused, every op is its own READ -> VXM -> WRITE trip between a MEM sl
 VXM (tens of cycles each way), which is what a one-row (decode) program waits on.
 
 The plan (plan.py) marks such producers "fused": they get no storage and no code of their own;
-the op that uses them lowers the whole tree here. Each op keeps its dtype, its opcode and its
+the op that uses them lowers the whole tree here. A one-op producer with several elementwise
+users (layernorm's x - mean) is fused into each of them: computed again, never stored. Each op keeps its dtype, its opcode and its
 rounding (a link carries the producer's result dtype), so results are bit for bit the unfused
 ones. A vector whose chain cannot be placed (two leaves on one bank in one cycle, or more stream
 planes on one diagonal than the machine has) is computed op by op through temporaries instead.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from lpu.compiler import ops
 from lpu.compiler.chains import ChainBuilder
@@ -19,13 +22,21 @@ from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
 
 MAX_FUSED = 3          # producers folded into one consumer: the chain's width stays small
+DUP_MAX_VECTORS = 16   # a producer computed again in each of its users only up to this size: in
+#                        a one-row (decode) program its trip is latency; in a prefill its operands'
+#                        lane broadcasts, done again per user, cost more SXM time than it saves
+#                        (measured: gpt2_block_prefill slower, gpt2_block_decode faster)
+
+
+def _vectors(shape, lanes) -> int:
+    return int(np.prod(shape[:-1], dtype=np.int64)) * -(-(shape[-1] if shape else 1) // lanes)
 
 
 def _elementwise(n) -> bool:
     return bool(ops.OPS[n.op].vxm)
 
 
-def fusable(graph, kind: dict) -> set:
+def fusable(graph, kind: dict, lanes: int) -> set:
     """Producers to fuse into their one elementwise user (see the module doc)."""
     fused: set = set()
     size: dict = {}
@@ -40,6 +51,17 @@ def fusable(graph, kind: dict) -> set:
                     and size[u.id] + size.get(p, 0) + 1 <= MAX_FUSED):
                 fused.add(p)
                 size[u.id] += size.get(p, 0) + 1
+    for p in graph.nodes():       # a one-op producer of several elementwise users: recomputed in each
+        users = graph.users(p.id)
+        if (p.id in fused or kind.get(p.id) != "temp" or not _elementwise(p) or len(users) < 2
+                or _vectors(p.shape, lanes) > DUP_MAX_VECTORS
+                or p.id in graph.outputs.values() or any(i in fused for i in p.inputs)):
+            continue
+        if all(kind.get(u) == "temp" and _elementwise(graph.node(u)) and graph.node(u).shape == p.shape
+               and graph.node(u).inputs.count(p.id) <= 2 and size.get(u, 0) + 1 <= MAX_FUSED for u in users):
+            fused.add(p.id)
+            for u in users:
+                size[u] += 1
     return fused
 
 
@@ -51,7 +73,7 @@ def lower_fused(lw, n, operand):
     tree = _tree(lw, n, out, operand)
     flat_out = out.reshape(-1)
     nvs = nv_chunks(n.shape, lw.lanes, out.shape[-1])
-    nvs = [int(x) for x in __import__("numpy").broadcast_to(nvs, out.shape).reshape(-1)]
+    nvs = [int(x) for x in np.broadcast_to(nvs, out.shape).reshape(-1)]
     for k in range(len(flat_out)):
         if not _fused_chain(lw, n, tree, k, int(flat_out[k]), nvs[k]):
             _unfused(lw, n, tree, k, (int(flat_out[k]), n.dtype), nvs[k])

@@ -97,13 +97,13 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
                 last = max(graph.users(n.id), default=n.id)
                 if any(root < s < last for s in store_ids.get(name, [])) or n.id in graph.outputs.values():
                     kind[n.id], base[n.id] = "temp", n.id
-    for p in fusable(graph, kind):
+    for p in fusable(graph, kind, lanes):
         kind[p] = "fused"
     order = level_order(graph, kind)
     pos = {nid: i for i, nid in enumerate(order)}
-    at = {}                        # the node whose lowering reads a node's inputs (fused: its user's)
+    at = {}                        # the last node whose lowering reads a node's inputs (fused: its users')
     for n in reversed(nodes):
-        at[n.id] = at[graph.users(n.id)[0]] if kind[n.id] == "fused" else n.id
+        at[n.id] = max((at[u] for u in graph.users(n.id)), key=pos.get) if kind[n.id] == "fused" else n.id
     last_use: dict[int, int] = {}
     for n in nodes:
         for i in n.inputs:
