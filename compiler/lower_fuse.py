@@ -6,7 +6,9 @@ VXM (tens of cycles each way), which is what a one-row (decode) program waits on
 
 The plan (plan.py) marks such producers "fused": they get no storage and no code of their own;
 the op that uses them lowers the whole tree here. A one-op producer with several elementwise
-users (layernorm's x - mean) is fused into each of them: computed again, never stored. Each op keeps its dtype, its opcode and its
+users (layernorm's x - mean) is fused into each of them: computed again, never stored. In
+small ops an operand broadcast along the lanes is spread by the SXM (DISTRIBUTE) inside the
+chain too, instead of through a temporary. Each op keeps its dtype, its opcode and its
 rounding (a link carries the producer's result dtype), so results are bit for bit the unfused
 ones. A vector whose chain cannot be placed (two leaves on one bank in one cycle, or more stream
 planes on one diagonal than the machine has) is computed op by op through temporaries instead.
@@ -17,7 +19,7 @@ import numpy as np
 
 from lpu.compiler import ops
 from lpu.compiler.chains import ChainBuilder
-from lpu.compiler.lower_common import imm_bits, nv_chunks, vxm_chain
+from lpu.compiler.lower_common import imm_bits, nv_chunks, sxm_chain, vxm_chain
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
 
@@ -81,11 +83,26 @@ def lower_fused(lw, n, operand):
         lw.free_temp(r)
 
 
+def small(lw, n) -> bool:
+    """Few enough output vectors that a lane broadcast rides in the op's own chain."""
+    return _vectors(n.shape, lw.lanes) <= DUP_MAX_VECTORS
+
+
+def needs_spread(lw, nid, shape) -> bool:
+    """Operand nid is broadcast along the last axis of `shape`: lane 0 spread by DISTRIBUTE."""
+    sh = lw.g.node(nid).shape
+    return lw.plan.kind[nid] != "imm" and (sh[-1] if sh else 1) == 1 and (shape[-1] if shape else 1) > 1
+
+
 def _tree(lw, n, out, operand):
     kids = []
     for i in n.inputs:
         if lw.plan.kind[i] == "fused":
             kids.append(("op", _tree(lw, lw.g.node(i), out, operand)))
+        elif needs_spread(lw, i, n.shape) and small(lw, n) and (lw.plan.kind[n.id] != "fused"
+                                                                or len(lw.g.users(n.id)) == 1):
+            # (not in a producer computed again per user: its SXM trip would be too)
+            kids.append(("spread", ("grid", np.broadcast_to(lw.grid[i], out.shape), lw.g.node(i).dtype)))
         else:
             kids.append(("leaf", operand(lw, i, n.shape, out, n)))
     return n, kids
@@ -122,6 +139,16 @@ def _fused_chain(lw, n, tree, k, out_slot, nv) -> bool:
                 g = (cb.link(vpos, vpos, off, w), DTYPE_CODE[child.dtype])
                 emit(x, off - c.lat[_opcode(child)], g, None)
                 vals.append(("g", g, child.dtype))
+            elif kind_ == "spread":           # READ -> SXM DISTRIBUTE -> the op, one trip
+                slot, dt = int(x[1].reshape(-1)[k]), x[2]
+                w = dtype_width(dt)
+                h = c.sxm_near(slot)
+                spos = c.m.sxm_pos(h)
+                ts = off - (c.lat[O.DISTRIBUTE] + abs(vpos - spos))
+                gi = cb.read(slot, w, spos, ts)
+                g = (cb.link(spos, vpos, off, w), DTYPE_CODE[dt])
+                cb.sxm(O.DISTRIBUTE, h, ts, (gi, DTYPE_CODE[dt]), g, 0)
+                vals.append(("g", g, dt))
             elif x[0] == "imm":
                 vals.append(("imm", x[1], x[2]))
             else:
@@ -158,6 +185,11 @@ def _unfused(lw, n, tree, k, dst, nv):
             held.append(region)
             _unfused(lw, n, x, k, (int(grid.reshape(-1)[0]), child.dtype), lw.lanes)
             vals.append(("g", (int(grid.reshape(-1)[0]), child.dtype), child.dtype))
+        elif kind_ == "spread":
+            grid, region = lw.temp((1, lw.lanes), x[2])
+            held.append(region)
+            sxm_chain(lw, n, O.DISTRIBUTE, int(x[1].reshape(-1)[k]), int(grid.reshape(-1)[0]), x[2], 0)
+            vals.append(("g", (int(grid.reshape(-1)[0]), x[2]), x[2]))
         elif x[0] == "imm":
             vals.append(("imm", x[1], x[2]))
         else:
@@ -166,3 +198,4 @@ def _unfused(lw, n, tree, k, dst, nv):
     vxm_chain(lw, n, _opcode(node), dst[0], dst[1], nv, a, b, imm=imm, bimm=bimm)
     for r in held:
         lw.pending_free.append(r)
+

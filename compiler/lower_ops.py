@@ -55,7 +55,8 @@ def _operand(lw, nid, out_shape, out_grid, node):
 
 
 def lower_elementwise(lw, n):
-    if any(lw.plan.kind[i] == "fused" for i in n.inputs):
+    if any(lw.plan.kind[i] == "fused" for i in n.inputs) or (
+            lower_fuse.small(lw, n) and any(lower_fuse.needs_spread(lw, i, n.shape) for i in n.inputs)):
         lower_fuse.lower_fused(lw, n, _operand)
         return
     out = lw.grid[n.id]

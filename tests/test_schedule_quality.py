@@ -143,3 +143,25 @@ def test_a_small_producer_of_two_users_is_computed_in_each():
         res = run(prog, vals)
         assert res.cycles == prog.predicted_cycles
         assert check(g, prog, vals, res)["ok"]
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_small_ops_spread_their_broadcast_operands_in_chain(fallback, monkeypatch):
+    """A [1, 1] operand spread over the lanes inside the op's chain (or, where a chain cannot be
+    placed, op by op through temporaries): the same bits as the reference either way."""
+    from lpu.compiler import lower_fuse
+    from lpu.compiler.reference import run_reference
+    if fallback:
+        monkeypatch.setattr(lower_fuse, "_fused_chain", lambda *a: False)
+    src = "input x : f16[2, 40]\ninput m : f32[2, 1]\noutput y = f16(exp(x - m) * 3.0)\noutput z = x * m\n"
+    for machine in ("tiny", "tsp-v1"):
+        mc = MachineConfig.load(machine)
+        prog, g = compile_source(src, "s.lpu", {}, mc)
+        assert not verify(prog)
+        assert fallback or "DISTRIBUTE" in _ops(prog)
+        vals = random_values(g, 7)
+        res = run(prog, vals)
+        assert res.cycles == prog.predicted_cycles
+        want = run_reference(g, vals, k_tile=mc.lanes)[0]
+        for k in g.outputs:
+            assert np.array_equal(np.asarray(res.outputs[k]), np.asarray(want[k]), equal_nan=True), k
