@@ -16,6 +16,11 @@ dtype and its rounding; sums are added in another order (the reference's toleran
 
 A region is rewritten only where it pays: it holds a reduction over rows of at least
 `MIN_ROW` lanes, and there are at least 2 query rows (a single row is one vector either way).
+
+Sums over the lanes of f16 tensors. sum(x) and mean(x) of an f16 x [R, C] become x @ ones[C, 1]
+(the mean then divided by C in f32, and either cast to its dtype): the MXM's f16 products with
+1.0 are exact and it adds in f32, as the lane tree does, in one trip instead of a chain of SXM
+steps. (An f32 x would be rounded to f16 on its way into the MXM: those stay lane trees.)
 """
 from __future__ import annotations
 
@@ -81,10 +86,22 @@ def _candidates(g: IRGraph) -> dict[int, tuple[set, list]]:
     return out
 
 
+def _mxm_sum(g, n) -> bool:
+    """A sum or mean over the lanes of an f16 tensor (layernorm's mean of an f16 activation,
+    rmsnorm's mean of x * x): as a matmul with a ones column the
+    products are exact and the f32 sum one trip to the MXM, where a lane tree is a chain of SXM
+    trips (the order of the f32 additions differs, as the lane tree's does from numpy's)."""
+    if n.op not in ("sum", "mean") or len(n.shape) != 2 or n.attrs["axis"] != 1:
+        return False
+    x = g.node(n.inputs[0])
+    return x.dtype == "f16" and x.shape[-1] > 1
+
+
 def rewrite(g: IRGraph) -> IRGraph:
     """The graph with every profitable score region computed transposed (g itself if none)."""
     cands = _candidates(g)
-    if not cands:
+    sums = {n.id for n in g.nodes() if _mxm_sum(g, n)}
+    if not cands and not sums:
         return g
     region_of = {nid: s for s, (r, _) in cands.items() for nid in r}
     exit_of = {e: s for s, (_, ex) in cands.items() for e in ex}
@@ -151,6 +168,14 @@ def rewrite(g: IRGraph) -> IRGraph:
             vt = transposed(v, n)
             ot = add("matmul", (vt, m[p]), n.shape[::-1], n.dtype, {}, n)
             m[n.id] = add("transpose", (ot,), n.shape, n.dtype, {"perm": (1, 0)}, n)
+        elif n.id in sums:                      # sum(x) = x @ ones: one MXM trip, no lane tree
+            x = g.node(n.inputs[0])
+            ones = add("const", (), (x.shape[-1], 1), "f16", {"value": np.ones((x.shape[-1], 1), np.float16)}, n)
+            r = add("matmul", (m[x.id], ones), n.shape, "f32", {}, n)
+            if n.op == "mean":
+                c = add("const", (), (), "f32", {"value": np.array(x.shape[-1], np.float32)}, n)
+                r = add("div", (r, c), n.shape, "f32", {}, n)
+            m[n.id] = r if n.dtype == "f32" else add("cast", (r,), n.shape, n.dtype, {"to": n.dtype}, n)
         else:
             m[n.id] = add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n)
     new.decls = {k: m[v] for k, v in g.decls.items()}

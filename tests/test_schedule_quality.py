@@ -165,3 +165,22 @@ def test_small_ops_spread_their_broadcast_operands_in_chain(fallback, monkeypatc
         want = run_reference(g, vals, k_tile=mc.lanes)[0]
         for k in g.outputs:
             assert np.array_equal(np.asarray(res.outputs[k]), np.asarray(want[k]), equal_nan=True), k
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_f16_lane_sums_go_through_the_mxm(machine):
+    """sum and mean over the lanes of f16 tensors: x @ ones, no SXM lane tree; within the
+    reference's tolerance (f32 sums in another order); an f32 tensor keeps its lane tree."""
+    src = "input x : f16[3, 700]\ninput y : f32[2, 50]\noutput s = sum(x, axis=1)\noutput m = mean(x)\n"
+    g0 = elaborate_source(src, "s.lpu", {})
+    t = rewrite(g0)
+    assert [n.attrs["axis"] for n in t.nodes() if n.op in ("sum", "mean")] == []
+    assert sum(n.op == "matmul" for n in t.nodes()) == 2
+    src2 = src + "output z = mean(y)\n"
+    prog, g = compile_source(src2, "s.lpu", {}, MachineConfig.load(machine))
+    assert not verify(prog)
+    vals = random_values(g, 8)
+    res = run(prog, vals)
+    assert res.cycles == prog.predicted_cycles
+    assert check(g, prog, vals, res)["ok"]
+    assert "SHIFT" in _ops(prog)         # the f32 mean's lane tree
