@@ -20,7 +20,11 @@ A region is rewritten only where it pays: it holds a reduction over rows of at l
 Sums over the lanes of f16 tensors. sum(x) and mean(x) of an f16 x [R, C] become x @ ones[C, 1]
 (the mean then divided by C in f32, and either cast to its dtype): the MXM's f16 products with
 1.0 are exact and it adds in f32, as the lane tree does, in one trip instead of a chain of SXM
-steps. (An f32 x would be rounded to f16 on its way into the MXM: those stay lane trees.)
+steps. (An f32 x would be rounded to f16 on its way into the MXM: those stay lane trees.) Each
+sum has its own ones column, a vector per element (C * 2 * lanes bytes of SRAM: 480 KiB for
+C = 768): one column shared by every sum of a width, or a ones row installed transposed, were
+measured slower on the bundled programs (their installs meet in the same banks, or zero the
+weight buffer's stale rows).
 """
 from __future__ import annotations
 
