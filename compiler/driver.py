@@ -12,6 +12,7 @@ from lpu.compiler.codegen import codegen
 from lpu.compiler.budget import check_size
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.lower import lower
+from lpu.compiler.rewrite import rewrite
 from lpu.compiler.schedule import Scheduler
 from lpu.isa.machine import MachineConfig
 from lpu.isa.program import Program
@@ -45,6 +46,7 @@ def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | 
 def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None, repeat: bool) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
+    graph = rewrite(graph)            # layout choices as graph rewrites (rewrite.py)
     reg = Registry()
     sched = Scheduler(machine, reg)
     placing = [0.0]

@@ -80,8 +80,21 @@ def sxm_chain(lw, node, op, src, dst, dtype, param, h=None):
     lw.chains.append(cb.chain())
 
 
-def sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv):
-    """READ src -> SXM sop -> VXM vop (with `other` read from SRAM) -> WRITE dst."""
+def _post_write(cb, c, dst, out_dt, off, nv, post):
+    """The output (dtype out_dt) of a chain's last VXM op issued at `off`: WRITE dst, or with
+    post = (op, imm, dtype) a link to one more VXM op with that immediate (mean's division)
+    whose result, in that dtype, is written instead."""
+    vpos = c.m.vxm_pos
+    if post is None:
+        return (cb.write(dst, dtype_width(out_dt), vpos, off), DTYPE_CODE[out_dt]), None
+    g = (cb.link(vpos, vpos, off, dtype_width(out_dt)), DTYPE_CODE[out_dt])
+    go = (cb.write(dst, dtype_width(post[2]), vpos, off + c.lat[post[0]]), DTYPE_CODE[post[2]])
+    return g, lambda: cb.vxm(post[0], off, g, None, go, nv=nv, imm=post[1], bimm=1)
+
+
+def sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv, post=None):
+    """READ src -> SXM sop -> VXM vop (with `other` read from SRAM) -> WRITE dst (post: one
+    more VXM op with an immediate on the way, see _post_write)."""
     c = lw.ctx
     h = c.sxm_near(src)
     spos, vpos = c.m.sxm_pos(h), c.m.vxm_pos
@@ -94,13 +107,15 @@ def sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv
     g_o = cb.read(other[0], dtype_width(other[1]), vpos, 0)
     if cb.mem_conflict():
         other = stage(lw, node, other, (src, dtype))
-        return sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv)
-    go = cb.write(dst, dtype_width(out_dt), vpos, c.lat[vop])
-    cb.vxm(vop, 0, (g_o, DTYPE_CODE[other[1]]), (g_s, dt), (go, DTYPE_CODE[out_dt]), nv=nv)
+        return sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv, post)
+    go, tail = _post_write(cb, c, dst, out_dt, c.lat[vop], nv, post)
+    cb.vxm(vop, 0, (g_o, DTYPE_CODE[other[1]]), (g_s, dt), go, nv=nv if post is None else c.lanes)
+    if tail:
+        tail()
     lw.chains.append(cb.chain())
 
 
-def lane_step_chain(lw, node, sop, shifts, src, vop, dst, cdt, out_dt, nv):
+def lane_step_chain(lw, node, sop, shifts, src, vop, dst, cdt, out_dt, nv, post=None):
     """One step of a lane reduction, radix len(shifts)+1: the SXM makes the shifted copies of
     src in one cycle (one queue each), the VXM combines them with src in a small tree fed
     straight from the streams, and the result is written to dst."""
@@ -117,19 +132,22 @@ def lane_step_chain(lw, node, sop, shifts, src, vop, dst, cdt, out_dt, nv):
         cb.ins.append(Ins((c.sxm_q[h][i],), ts, sop, [0, 0, -k], ((0, gi, 0, dt), (1, g, 0, dt))))
         terms.append((g, dt))
     off, lat, wc = 0, c.lat[vop], dtype_width(cdt)
+    tail = None
     while len(terms) > 1:
         nxt = []
         last = len(terms) <= 2
         for j in range(0, len(terms) - 1, 2):
             if last:
-                go = (cb.write(dst, dtype_width(out_dt), vpos, off + lat), DTYPE_CODE[out_dt])
+                go, tail = _post_write(cb, c, dst, out_dt, off + lat, nv, post)
             else:
                 go = (cb.link(vpos, vpos, off + lat, wc), DTYPE_CODE[cdt])
-            cb.vxm(vop, off, terms[j], terms[j + 1], go, nv=nv if last else c.lanes)
+            cb.vxm(vop, off, terms[j], terms[j + 1], go, nv=nv if last and post is None else c.lanes)
             nxt.append(go)
         if len(terms) % 2:
             raise AssertionError("lane step radix must be a power of two")
         terms, off = nxt, off + lat
+    if tail:
+        tail()
     lw.chains.append(cb.chain())
 
 

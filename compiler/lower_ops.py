@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler import lower_mxm, movement, ops
+from lpu.compiler import lower_fuse, lower_mxm, movement, ops
 from lpu.compiler.lower_common import (
     copy, imm_bits, lane_step_chain, nv_of, stage, sxm_chain, sxm_vxm_chain, vxm_chain,
 )
@@ -55,6 +55,10 @@ def _operand(lw, nid, out_shape, out_grid, node):
 
 
 def lower_elementwise(lw, n):
+    if any(lw.plan.kind[i] == "fused" for i in n.inputs) or (
+            lower_fuse.small(lw, n) and any(lower_fuse.needs_spread(lw, i, n.shape) for i in n.inputs)):
+        lower_fuse.lower_fused(lw, n, _operand)
+        return
     out = lw.grid[n.id]
     lw.pending_free = []
     args = [_operand(lw, i, n.shape, out, n) for i in n.inputs]
@@ -147,17 +151,8 @@ def lower_reduce(lw, n):
         post = (O.VXM_BINARY["DIV"], imm_bits(count, cdt == "f32")) if n.op == "mean" else None
         _reduce_vectors(lw, n, src_n, src, out, axis, cdt, n.dtype, vop, post)
         return
-    if n.op == "mean":
-        mgrid, mregion = lw.temp(n.shape, cdt)
-    else:
-        mgrid, mregion = out, None
-    _reduce_lanes(lw, n, src_n, src, mgrid, cdt, final_dt, vop)
-    if n.op == "mean":
-        div = O.VXM_BINARY["DIV"]
-        for idx in np.ndindex(out.shape):
-            vxm_chain(lw, n, div, int(out[idx]), n.dtype, nv_of(n.shape, lw.lanes, idx[-1]),
-                      (int(mgrid[idx]), cdt), imm=imm_bits(count, cdt == "f32"), bimm=1)
-        lw.free_temp(mregion)
+    post = (O.VXM_BINARY["DIV"], imm_bits(count, cdt == "f32"), n.dtype) if n.op == "mean" else None
+    _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post)
 
 
 def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop, post=None):
@@ -286,7 +281,7 @@ def _tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
     lw.chains.append(cb.chain())
 
 
-def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
+def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
     """Per row: combine the chunks into one vector (in a temp; one pairwise tree chain when a
     chain takes them all, else in turn), then a lane tree in place, radix
     4 where the SXM has the queues: t = t op SHIFT(t, -s) op SHIFT(t, -2s) op SHIFT(t, -3s),
@@ -325,16 +320,20 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop):
             vxm_chain(lw, n, vop, ta, cdt, lanes, cur, vecs[j])
             cur = (ta, cdt)
         if steps == 0:
-            vxm_chain(lw, n, O.VXM_UNARY["CONV"], dst, final_dt, 1, cur)
+            if post is None:
+                vxm_chain(lw, n, O.VXM_UNARY["CONV"], dst, final_dt, 1, cur)
+            else:                         # (a mean of one lane: the division alone)
+                vxm_chain(lw, n, post[0], dst, post[2], 1, cur, imm=post[1], bimm=1)
             continue
         for si, shifts in enumerate(plan):
             d, ddt, nv = (dst, final_dt, 1) if si == steps - 1 else (ta, cdt, lanes)
+            pst = post if si == steps - 1 else None
             if len(shifts) == 1:
-                sxm_vxm_chain(lw, n, sop, -shifts[0], cur[0], vop, cur, d, cur[1], ddt, nv)
+                sxm_vxm_chain(lw, n, sop, -shifts[0], cur[0], vop, cur, d, cur[1], ddt, nv, pst)
             else:
                 if len(shifts) == 2:      # pad to a power of two with a shift that adds nothing
                     shifts = shifts + [lanes] if sop == O.SHIFT else shifts + [shifts[0]]
-                lane_step_chain(lw, n, sop, shifts, cur, vop, d, cdt, ddt, nv)
+                lane_step_chain(lw, n, sop, shifts, cur, vop, d, cdt, ddt, nv, pst)
             cur = (d, ddt)
     for r in held + [r1]:
         lw.free_temp(r)

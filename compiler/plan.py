@@ -8,6 +8,8 @@
               installs the weights transposed (IW trans=1), so nothing is materialized
   mxm_cvt     an i8 -> float cast used only as f16 matmul weights: widened by LW (cvt=1)
   alias       a `store`: the new state version lives in the state's own region
+  fused       an elementwise op whose one user is elementwise too: no storage, computed
+              inside its user's chains (lower_fuse.py)
   temp        everything else: computed into a fresh region, freed after its last use
 
 It also finds each temporary region's last use (through views) so that `lower` can free it.
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lpu.compiler.ir import IRGraph
+from lpu.compiler.lower_fuse import fusable
 
 
 @dataclass
@@ -94,14 +97,19 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
                 last = max(graph.users(n.id), default=n.id)
                 if any(root < s < last for s in store_ids.get(name, [])) or n.id in graph.outputs.values():
                     kind[n.id], base[n.id] = "temp", n.id
+    for p in fusable(graph, kind, lanes):
+        kind[p] = "fused"
     order = level_order(graph, kind)
     pos = {nid: i for i, nid in enumerate(order)}
+    at = {}                        # the last node whose lowering reads a node's inputs (fused: its users')
+    for n in reversed(nodes):
+        at[n.id] = max((at[u] for u in graph.users(n.id)), key=pos.get) if kind[n.id] == "fused" else n.id
     last_use: dict[int, int] = {}
     for n in nodes:
         for i in n.inputs:
             b = base.get(i, i)
-            if pos[n.id] > pos.get(last_use.get(b, -1), -1):
-                last_use[b] = n.id
+            if pos[at[n.id]] > pos.get(last_use.get(b, -1), -1):
+                last_use[b] = at[n.id]
     outputs_alias = {}
     claimed = set()
     for name, oid in graph.outputs.items():

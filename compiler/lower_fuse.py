@@ -1,0 +1,201 @@
+"""Fused elementwise ops: a chain of elementwise ops (x - mu, * r, * g, + b, cast ...) whose
+intermediate results have one user each runs as one chain per output vector: the leaves are
+READ once, each op feeds the next over a VXM-to-VXM stream link, and only the last result is
+written. Unfused, every op is its own READ -> VXM -> WRITE trip between a MEM slice and the
+VXM (tens of cycles each way), which is what a one-row (decode) program waits on.
+
+The plan (plan.py) marks such producers "fused": they get no storage and no code of their own;
+the op that uses them lowers the whole tree here. A one-op producer with several elementwise
+users (layernorm's x - mean) is fused into each of them: computed again, never stored. In
+small ops an operand broadcast along the lanes is spread by the SXM (DISTRIBUTE) inside the
+chain too, instead of through a temporary. Each op keeps its dtype, its opcode and its
+rounding (a link carries the producer's result dtype), so results are bit for bit the unfused
+ones. A vector whose chain cannot be placed (two leaves on one bank in one cycle, or more stream
+planes on one diagonal than the machine has) is computed op by op through temporaries instead.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lpu.compiler import ops
+from lpu.compiler.chains import ChainBuilder
+from lpu.compiler.lower_common import imm_bits, nv_chunks, sxm_chain, vxm_chain
+from lpu.isa import opcodes as O
+from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
+
+MAX_FUSED = 3          # producers folded into one consumer: the chain's width stays small
+DUP_MAX_VECTORS = 16   # a producer computed again in each of its users only up to this size: in
+#                        a one-row (decode) program its trip is latency; in a prefill its operands'
+#                        lane broadcasts, done again per user, cost more SXM time than it saves
+#                        (measured: gpt2_block_prefill slower, gpt2_block_decode faster)
+
+
+def _vectors(shape, lanes) -> int:
+    return int(np.prod(shape[:-1], dtype=np.int64)) * -(-(shape[-1] if shape else 1) // lanes)
+
+
+def _elementwise(n) -> bool:
+    return bool(ops.OPS[n.op].vxm)
+
+
+def fusable(graph, kind: dict, lanes: int) -> set:
+    """Producers to fuse into their one elementwise user (see the module doc)."""
+    fused: set = set()
+    size: dict = {}
+    for u in graph.nodes():
+        if kind.get(u.id) != "temp" or not _elementwise(u):
+            continue
+        size[u.id] = 0
+        for p in u.inputs:
+            pn = graph.node(p)
+            if (kind.get(p) == "temp" and _elementwise(pn) and graph.users(p) == [u.id]
+                    and pn.shape == u.shape and u.inputs.count(p) == 1 and p not in graph.outputs.values()
+                    and size[u.id] + size.get(p, 0) + 1 <= MAX_FUSED):
+                fused.add(p)
+                size[u.id] += size.get(p, 0) + 1
+    for p in graph.nodes():       # a one-op producer of several elementwise users: recomputed in each
+        users = graph.users(p.id)
+        if (p.id in fused or kind.get(p.id) != "temp" or not _elementwise(p) or len(users) < 2
+                or _vectors(p.shape, lanes) > DUP_MAX_VECTORS
+                or p.id in graph.outputs.values() or any(i in fused for i in p.inputs)):
+            continue
+        if all(kind.get(u) == "temp" and _elementwise(graph.node(u)) and graph.node(u).shape == p.shape
+               and graph.node(u).inputs.count(p.id) <= 2 and size.get(u, 0) + 1 <= MAX_FUSED for u in users):
+            fused.add(p.id)
+            for u in users:
+                size[u] += 1
+    return fused
+
+
+def lower_fused(lw, n, operand):
+    """Lower elementwise node n together with its fused producers; `operand` is lower_ops'
+    operand resolver ((grid, dtype) broadcast to n's grid, or an immediate)."""
+    out = lw.grid[n.id]
+    lw.pending_free = []
+    tree = _tree(lw, n, out, operand)
+    flat_out = out.reshape(-1)
+    nvs = nv_chunks(n.shape, lw.lanes, out.shape[-1])
+    nvs = [int(x) for x in np.broadcast_to(nvs, out.shape).reshape(-1)]
+    for k in range(len(flat_out)):
+        if not _fused_chain(lw, n, tree, k, int(flat_out[k]), nvs[k]):
+            _unfused(lw, n, tree, k, (int(flat_out[k]), n.dtype), nvs[k])
+    for r in lw.pending_free:
+        lw.free_temp(r)
+
+
+def small(lw, n) -> bool:
+    """Few enough output vectors that a lane broadcast rides in the op's own chain."""
+    return _vectors(n.shape, lw.lanes) <= DUP_MAX_VECTORS
+
+
+def needs_spread(lw, nid, shape) -> bool:
+    """Operand nid is broadcast along the last axis of `shape`: lane 0 spread by DISTRIBUTE."""
+    sh = lw.g.node(nid).shape
+    return lw.plan.kind[nid] != "imm" and (sh[-1] if sh else 1) == 1 and (shape[-1] if shape else 1) > 1
+
+
+def _tree(lw, n, out, operand):
+    kids = []
+    for i in n.inputs:
+        if lw.plan.kind[i] == "fused":
+            kids.append(("op", _tree(lw, lw.g.node(i), out, operand)))
+        elif needs_spread(lw, i, n.shape) and small(lw, n) and (lw.plan.kind[n.id] != "fused"
+                                                                or len(lw.g.users(n.id)) == 1):
+            # (not in a producer computed again per user: its SXM trip would be too)
+            kids.append(("spread", ("grid", np.broadcast_to(lw.grid[i], out.shape), lw.g.node(i).dtype)))
+        else:
+            kids.append(("leaf", operand(lw, i, n.shape, out, n)))
+    return n, kids
+
+
+def _fields(node, vals):
+    """(a, b, imm, bimm) of a node's VXM instruction from its operands: ('g', (group, code), dt)
+    or ('imm', value, dt)."""
+    cfloat = node.dtype in FLOATS or any(v[2] in FLOATS for v in vals)
+    if len(vals) == 2 and vals[1][0] == "imm":
+        return vals[0][1], None, imm_bits(vals[1][1], cfloat), 1
+    if len(vals) == 2 and vals[0][0] == "imm":
+        return None, vals[1][1], imm_bits(vals[0][1], cfloat), 2
+    return vals[0][1], (vals[1][1] if len(vals) > 1 else None), 0, 0
+
+
+def _opcode(node) -> int:
+    return O.BY_NAME[ops.OPS[node.op].vxm].code
+
+
+def _fused_chain(lw, n, tree, k, out_slot, nv) -> bool:
+    c = lw.ctx
+    vpos = c.m.vxm_pos
+    cb = ChainBuilder(c, n.line, n.id)
+    reads: dict = {}
+
+    def emit(t, off, out_grp, nv_):
+        node, kids = t
+        vals = []
+        for kind_, x in kids:
+            if kind_ == "op":
+                child = x[0]
+                w = dtype_width(child.dtype)
+                g = (cb.link(vpos, vpos, off, w), DTYPE_CODE[child.dtype])
+                emit(x, off - c.lat[_opcode(child)], g, None)
+                vals.append(("g", g, child.dtype))
+            elif kind_ == "spread":           # READ -> SXM DISTRIBUTE -> the op, one trip
+                slot, dt = int(x[1].reshape(-1)[k]), x[2]
+                w = dtype_width(dt)
+                h = c.sxm_near(slot)
+                spos = c.m.sxm_pos(h)
+                ts = off - (c.lat[O.DISTRIBUTE] + abs(vpos - spos))
+                gi = cb.read(slot, w, spos, ts)
+                g = (cb.link(spos, vpos, off, w), DTYPE_CODE[dt])
+                cb.sxm(O.DISTRIBUTE, h, ts, (gi, DTYPE_CODE[dt]), g, 0)
+                vals.append(("g", g, dt))
+            elif x[0] == "imm":
+                vals.append(("imm", x[1], x[2]))
+            else:
+                slot, dt = int(x[1].reshape(-1)[k]), x[2]
+                key = (slot, dtype_width(dt), off)
+                if key not in reads:
+                    reads[key] = cb.read(slot, dtype_width(dt), vpos, off)
+                vals.append(("g", (reads[key], DTYPE_CODE[dt]), dt))
+        a, b, imm, bimm = _fields(node, vals)
+        cb.vxm(_opcode(node), off, a, b, out_grp, nv=nv_, imm=imm, bimm=bimm)
+
+    lat = c.lat[_opcode(n)]
+    go = (cb.write(out_slot, dtype_width(n.dtype), vpos, lat), DTYPE_CODE[n.dtype])
+    emit(tree, 0, go, nv)
+    if cb.mem_conflict():
+        return False
+    need: dict = {}
+    for d, koff, w in cb.groups:
+        need[d, koff] = need.get((d, koff), 0) + w
+    if max(need.values()) > c.m.streams_per_direction:
+        return False
+    lw.chains.append(cb.chain())
+    return True
+
+
+def _unfused(lw, n, tree, k, dst, nv):
+    """Vector k of the tree op by op: each fused producer into a temporary vector."""
+    node, kids = tree
+    vals, held = [], []
+    for kind_, x in kids:
+        if kind_ == "op":
+            child = x[0]
+            grid, region = lw.temp((1, lw.lanes), child.dtype)
+            held.append(region)
+            _unfused(lw, n, x, k, (int(grid.reshape(-1)[0]), child.dtype), lw.lanes)
+            vals.append(("g", (int(grid.reshape(-1)[0]), child.dtype), child.dtype))
+        elif kind_ == "spread":
+            grid, region = lw.temp((1, lw.lanes), x[2])
+            held.append(region)
+            sxm_chain(lw, n, O.DISTRIBUTE, int(x[1].reshape(-1)[k]), int(grid.reshape(-1)[0]), x[2], 0)
+            vals.append(("g", (int(grid.reshape(-1)[0]), x[2]), x[2]))
+        elif x[0] == "imm":
+            vals.append(("imm", x[1], x[2]))
+        else:
+            vals.append(("g", (int(x[1].reshape(-1)[k]), x[2]), x[2]))
+    a, b, imm, bimm = _fields(node, vals)
+    vxm_chain(lw, n, _opcode(node), dst[0], dst[1], nv, a, b, imm=imm, bimm=bimm)
+    for r in held:
+        lw.pending_free.append(r)
+

@@ -1,0 +1,226 @@
+"""Pass `rewrite` (before `plan`): layout choices made as graph rewrites, into ops the back end
+already lowers, so that lane reductions become reductions across vectors.
+
+Transposed attention scores. A row softmax of scores s = a @ b.T ([Nq, Nk]) reduces each row
+over the lanes: a tree of SXM shifts and VXM ops per row, the SXM's queues the bottleneck and
+every step a trip to the chip's edge. Computed transposed, sT = b @ a.T ([Nk, Nq]: a row per
+key, the queries across the lanes), the same reductions run across vectors (VXM trees fed from
+the streams, no SXM), and the reduced [Nq, 1] columns become [1, Nq] rows that broadcast over
+sT's vectors for free. The region rewritten is s and every op downstream of it that is
+elementwise (its other operands scalars), a causal mask (transposed: `where` with a constant
+mask, shared by the heads) or a reduction over the last axis, up to matmuls that
+take a region tensor p as their left operand: p @ v becomes (v.T @ pT).T, v.T through the SXM
+transpose buffers (one transpose of v's source when v is a slice of its last axis, the heads'
+slices then rows of it: views), the result transposed back the same way. Every op keeps its
+dtype and its rounding; sums are added in another order (the reference's tolerance).
+
+A region is rewritten only where it pays: it holds a reduction over rows of at least
+`MIN_ROW` lanes, and there are at least 2 query rows (a single row is one vector either way).
+
+Sums over the lanes of f16 tensors. sum(x) and mean(x) of an f16 x [R, C] become x @ ones[C, 1]
+(the mean then divided by C in f32, and either cast to its dtype): the MXM's f16 products with
+1.0 are exact and it adds in f32, as the lane tree does, in one trip instead of a chain of SXM
+steps. (An f32 x would be rounded to f16 on its way into the MXM: those stay lane trees.) Each
+sum has its own ones column, a vector per element (C * 2 * lanes bytes of SRAM: 480 KiB for
+C = 768): one column shared by every sum of a width, or a ones row installed transposed, were
+measured slower on the bundled programs (their installs meet in the same banks, or zero the
+weight buffer's stale rows).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lpu.compiler import ops
+from lpu.compiler.ir import IRGraph
+from lpu.isa.dtypes import NP_DTYPE
+
+MIN_Q = 2         # one query row is one vector either way (decode): left as it is
+MIN_ROW = 16      # rows narrower than this reduce in a few lane steps: not worth two transposes
+P_BACK_Q = 64     # up to this many query rows, p is transposed back instead (measured: faster
+#                   for attention_prefill and the gpt2/llama blocks, slower for bert_base's 128)
+
+
+def _scalar(n) -> bool:
+    return n.op == "const" and n.size == 1
+
+
+def _region(g: IRGraph, s) -> tuple[set, list] | None:
+    """(region node ids, exit matmul ids) grown from the score matmul s, or None."""
+    nq, nk = s.shape
+    region, exits, todo = {s.id}, [], [s.id]
+    has_reduce = False
+    while todo:
+        nid = todo.pop()
+        for u in g.users(nid):
+            if u in region or u in exits:
+                continue
+            un = g.node(u)
+            if un.op == "matmul" and un.inputs[0] == nid and un.inputs[1] not in region \
+                    and len(g.node(un.inputs[1]).shape) == 2:
+                exits.append(u)
+                continue
+            ok = un.op in ops.ELEMENTWISE and un.op != "where" or un.op == "causal" or (
+                un.op in ops.REDUCE and un.attrs["axis"] == 1 and len(un.shape) == 2)
+            if not ok or un.shape not in ((nq, nk), (nq, 1)):
+                return None
+            if any(i not in region and not _scalar(g.node(i)) for i in un.inputs):
+                return None
+            has_reduce |= un.op in ops.REDUCE
+            region.add(u)
+            todo.append(u)
+    if not has_reduce or not exits:
+        return None
+    return region, exits
+
+
+def _candidates(g: IRGraph) -> dict[int, tuple[set, list]]:
+    out = {}
+    taken: set = set()
+    for n in g.nodes():
+        if n.op != "matmul" or len(n.shape) != 2 or n.shape[0] < MIN_Q or n.shape[1] < MIN_ROW:
+            continue
+        a, t = (g.node(i) for i in n.inputs)
+        if t.op != "transpose" or list(t.attrs["perm"]) != [1, 0] or len(a.shape) != 2:
+            continue
+        r = _region(g, n)
+        if r is None or r[0] & taken:
+            continue
+        taken |= r[0]
+        out[n.id] = r
+    return out
+
+
+def _mxm_sum(g, n) -> bool:
+    """A sum or mean over the lanes of an f16 tensor (layernorm's mean of an f16 activation,
+    rmsnorm's mean of x * x): as a matmul with a ones column the
+    products are exact and the f32 sum one trip to the MXM, where a lane tree is a chain of SXM
+    trips (the order of the f32 additions differs, as the lane tree's does from numpy's)."""
+    if n.op not in ("sum", "mean") or len(n.shape) != 2 or n.attrs["axis"] != 1:
+        return False
+    x = g.node(n.inputs[0])
+    return x.dtype == "f16" and x.shape[-1] > 1
+
+
+def rewrite(g: IRGraph) -> IRGraph:
+    """The graph with every profitable score region computed transposed (g itself if none)."""
+    cands = _candidates(g)
+    sums = {n.id for n in g.nodes() if _mxm_sum(g, n)}
+    if not cands and not sums:
+        return g
+    region_of = {nid: s for s, (r, _) in cands.items() for nid in r}
+    exit_of = {e: s for s, (_, ex) in cands.items() for e in ex}
+    new = IRGraph(g.source_name, g.source)
+    new.params = dict(g.params)
+    m: dict[int, int] = {}          # old id -> new id (region nodes: their transposed version)
+    tcache: dict[int, int] = {}     # old id -> new id of its transpose
+    masks: dict = {}                # (shape, offset, dtype) -> new ids of a causal mask's constants
+
+    def add(op, inputs, shape, dtype, attrs, like):
+        return new.add(op, inputs, shape, dtype, attrs, like.line, like.col)
+
+    def transposed(nid, like):
+        """New id of old node nid transposed (2-D), a row slice of a shared transpose when nid
+        is a slice of its source's last axis only."""
+        if nid in tcache:
+            return tcache[nid]
+        n = g.node(nid)
+        idx = n.attrs.get("index") if n.op == "slice" else None
+        src = g.node(n.inputs[0]) if idx is not None else None
+        if idx is not None and len(idx) == 2 and len(src.shape) == 2 and tuple(idx[0]) == (0, src.shape[0]) \
+                and not isinstance(idx[1], int):
+            if n.inputs[0] not in tcache:
+                tcache[n.inputs[0]] = add("transpose", (m[n.inputs[0]],), src.shape[::-1], src.dtype,
+                                          {"perm": (1, 0)}, like)
+            r = add("slice", (tcache[n.inputs[0]],), n.shape[::-1], n.dtype,
+                    {"index": ((idx[1][0], idx[1][1]), (0, src.shape[0]))}, like)
+        else:
+            r = add("transpose", (m[nid],), n.shape[::-1], n.dtype, {"perm": (1, 0)}, like)
+        tcache[nid] = r
+        return r
+
+    first: dict[int, int] = {}      # old id -> the first new id made for it or after it
+    for n in g.nodes():
+        first[n.id] = len(new)
+        if n.id in cands:                       # sT = b @ a.T
+            a, t = n.inputs
+            b = g.node(t).inputs[0]
+            at = add("transpose", (m[a],), g.node(a).shape[::-1], g.node(a).dtype, {"perm": (1, 0)}, n)
+            m[n.id] = add("matmul", (m[b], at), n.shape[::-1], n.dtype, {}, n)
+        elif n.id in region_of and n.op == "causal":     # -inf where key > query + offset
+            off = n.attrs.get("offset", 0)
+            key = (n.shape, off, n.dtype)
+            if key not in masks:
+                nq, nk = n.shape
+                keep = (np.arange(nk)[:, None] <= np.arange(nq)[None, :] + off).astype(np.int8)
+                masks[key] = (add("const", (), (nk, nq), "i8", {"value": keep}, n),
+                              add("const", (), (), n.dtype, {"value": np.array(-np.inf, NP_DTYPE[n.dtype])}, n))
+            c, ninf = masks[key]
+            m[n.id] = add("where", (c, m[n.inputs[0]], ninf), n.shape[::-1], n.dtype, {}, n)
+        elif n.id in region_of:
+            attrs = dict(n.attrs)
+            if n.op in ops.REDUCE:
+                attrs["axis"] = 0
+            m[n.id] = add(n.op, tuple(m[i] for i in n.inputs), n.shape[::-1], n.dtype, attrs, n)
+        elif n.id in exit_of and g.node(exit_of[n.id]).shape[0] <= P_BACK_Q:   # p @ v = f16(pT).T @ v
+            p, v = n.inputs
+            pn = g.node(p)
+            pt = m[p]
+            if pn.dtype == "f32":
+                pt = add("cast", (pt,), pn.shape[::-1], "f16", {"to": "f16"}, n)
+            pp = add("transpose", (pt,), pn.shape, "f16" if pn.dtype == "f32" else pn.dtype, {"perm": (1, 0)}, n)
+            m[n.id] = add("matmul", (pp, m[v]), n.shape, n.dtype, {}, n)
+        elif n.id in exit_of:                   # p @ v = (v.T @ pT).T
+            p, v = n.inputs
+            vt = transposed(v, n)
+            ot = add("matmul", (vt, m[p]), n.shape[::-1], n.dtype, {}, n)
+            m[n.id] = add("transpose", (ot,), n.shape, n.dtype, {"perm": (1, 0)}, n)
+        elif n.id in sums:                      # sum(x) = x @ ones: one MXM trip, no lane tree
+            x = g.node(n.inputs[0])
+            ones = add("const", (), (x.shape[-1], 1), "f16", {"value": np.ones((x.shape[-1], 1), np.float16)}, n)
+            r = add("matmul", (m[x.id], ones), n.shape, "f32", {}, n)
+            if n.op == "mean":
+                c = add("const", (), (), "f32", {"value": np.array(x.shape[-1], np.float32)}, n)
+                r = add("div", (r, c), n.shape, "f32", {}, n)
+            m[n.id] = r if n.dtype == "f32" else add("cast", (r,), n.shape, n.dtype, {"to": n.dtype}, n)
+        else:
+            m[n.id] = add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n)
+    new.decls = {k: m[v] for k, v in g.decls.items()}
+    new.outputs = {k: m[v] for k, v in g.outputs.items()}
+    new.final_states = {k: m[v] for k, v in g.final_states.items()}
+    new.loops = _loops(g.loops, first, len(new))
+    return _prune(new)
+
+
+def _loops(loops, first, end) -> list:
+    """Loop trips' node ranges ([start, stop) of old ids) in the new ids (`first`: old id -> the
+    first new id made at or after it; `end`: the new graph's size)."""
+    def at(old):
+        return first.get(old, end)
+    return [[(at(s), at(e)) for s, e in trips] for trips in loops]
+
+
+def _prune(g: IRGraph) -> IRGraph:
+    """g without the nodes nothing needs (no output, store or state depends on them); leaves stay."""
+    live = set()
+    todo = [n.id for n in g.nodes() if n.op in ("output", "store") or n.op in ops.LEAVES and n.op != "const"]
+    todo += list(g.final_states.values())
+    while todo:
+        nid = todo.pop()
+        if nid in live:
+            continue
+        live.add(nid)
+        todo.extend(g.node(nid).inputs)
+    if len(live) == len(g):
+        return g
+    new = IRGraph(g.source_name, g.source)
+    new.params = dict(g.params)
+    m, first = {}, {}
+    for n in g.nodes():
+        first[n.id] = len(new)
+        if n.id in live:
+            m[n.id] = new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+    new.loops = _loops(g.loops, first, len(new))
+    new.decls = {k: m[v] for k, v in g.decls.items()}
+    new.outputs = {k: m[v] for k, v in g.outputs.items()}
+    new.final_states = {k: m[v] for k, v in g.final_states.items()}
+    return new
