@@ -145,26 +145,37 @@ class Replayer:
             return None
         if not _same_attrs(n.attrs, t.attrs):
             return None
-        lw, g, kind = self.lw, self.lw.g, self.lw.plan.kind
         out = []
+        return out if self._alike_inputs(n, t, out) else None
+
+    def _alike_inputs(self, n, t, out) -> bool:
+        """Compare n's and t's inputs (through fused producers, which lowering reads through),
+        adding [(twin's grid, width, d)] to out for the inputs that moved."""
+        lw, g, kind = self.lw, self.lw.g, self.lw.plan.kind
         for i, j in zip(n.inputs, t.inputs):
             a, b = g.node(i), g.node(j)
             if (kind[i], a.dtype, a.shape) != (kind[j], b.dtype, b.shape):
-                return None
+                return False
             if kind[i] == "imm":
                 if not np.array_equal(a.attrs["value"], b.attrs["value"]):
-                    return None
+                    return False
+                continue
+            if kind[i] == "fused":
+                if (a.op, len(a.inputs)) != (b.op, len(b.inputs)) or not _same_attrs(a.attrs, b.attrs):
+                    return False
+                if not self._alike_inputs(a, b, out):
+                    return False
                 continue
             ga, gb = lw.grid.get(i), lw.grid.get(j)
             if ga is None or gb is None or ga.shape != gb.shape:
-                return None
+                return False
             d = ga - gb
             d0 = int(d.flat[0]) if d.size else 0
             if d.size and (np.any(d != d0) or d0 % self.period):
-                return None
+                return False
             if d0:
                 out.append((gb, dtype_width(a.dtype), d0))
-        return out
+        return True
 
 
 def _same_attrs(a: dict, b: dict) -> bool:
