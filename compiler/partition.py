@@ -1,0 +1,179 @@
+"""Pipeline partitioning: split an IR graph into consecutive stages, one per chip.
+
+The compute nodes (every node but leaves and outputs), in program order, are cut into runs.
+A leaf (input, weight, const) goes to every stage that uses it (a weight used by two stages
+is held by both); a state, its stores and its uses must lie in one stage (a cut that splits
+them is not taken); an output goes with the stage of its value. A value computed in stage a
+and used in a later stage b crosses: stage a outputs it and stage b takes it as an input, both
+named `@<node id>` (no DSL name has an `@`), and the system compiler (compiler/system.py)
+moves it over the link from chip a to chip b.
+
+Cuts: stage i should hold about i/N of the bytes of weights and states; around each such
+point (within a tenth of a stage's bytes) the cut where the fewest bytes cross is taken.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lpu.compiler.ir import LEAVES, IRGraph
+
+LINK_PREFIX = "@"
+
+
+def link_name(nid: int) -> str:
+    return f"{LINK_PREFIX}{nid}"
+
+
+@dataclass
+class Stage:
+    graph: IRGraph
+    nodes: list                  # compute node ids of the original graph
+    recv: list = field(default_factory=list)   # [(original node id, from stage)]
+    send: list = field(default_factory=list)   # [(original node id, to stage)]
+
+
+def _compute(graph: IRGraph) -> list:
+    return [n for n in graph.nodes() if n.op not in LEAVES and n.op != "output"]
+
+
+def _state_spans(graph: IRGraph, pos: dict) -> list[tuple[int, int]]:
+    """(first, last) compute position touching each state (its versions' users and stores):
+    no cut may fall inside such a span."""
+    spans = []
+    for name, leaf in graph.decls.items():
+        if graph.node(leaf).op != "state":
+            continue
+        touched = []
+        todo = [leaf]
+        while todo:
+            v = todo.pop()
+            for u in graph.users(v):
+                if u in pos:
+                    touched.append(pos[u])
+                    if graph.node(u).op == "store" and graph.node(u).inputs[0] == v:
+                        todo.append(u)
+        if touched:
+            spans.append((min(touched), max(touched)))
+    return spans
+
+
+def cut_costs(graph: IRGraph):
+    """(compute nodes, resident bytes attributed to each, bytes crossing a cut before each
+    position, allowed[k]: a cut before position k keeps every state in one stage)."""
+    comp = _compute(graph)
+    pos = {n.id: i for i, n in enumerate(comp)}
+    k = len(comp)
+    resident = np.zeros(k, np.int64)
+    for n in graph.nodes():
+        if n.op in ("weight", "state", "const"):
+            users = [pos[u] for u in graph.users(n.id) if u in pos]
+            if users:
+                resident[min(users)] += n.nbytes
+    # value of compute node i crosses a cut before k if i < k <= last user position
+    delta = np.zeros(k + 1, np.int64)
+    for i, n in enumerate(comp):
+        last = max((pos[u] for u in graph.users(n.id) if u in pos), default=i)
+        if last > i:
+            delta[i + 1] += n.nbytes
+            delta[last + 1] -= n.nbytes
+    crossing = np.cumsum(delta)[:k + 1]
+    allowed = np.ones(k + 1, bool)
+    allowed[0] = allowed[k] = False
+    for a, b in _state_spans(graph, pos):
+        allowed[a + 1:b + 1] = False
+    return comp, resident, crossing, allowed
+
+
+def choose_cuts(graph: IRGraph, chips: int) -> list[int]:
+    """Positions (into the compute nodes) where stages 1 .. chips-1 begin."""
+    comp, resident, crossing, allowed = cut_costs(graph)
+    k = len(comp)
+    if chips > 1 and np.count_nonzero(allowed) < chips - 1:
+        raise ValueError(f"the program has {np.count_nonzero(allowed) + 1} places to cut it at most, "
+                         f"{chips} chips need {chips - 1}")
+    weight = resident if resident.sum() > 0 else np.ones(k, np.int64)
+    before = np.concatenate([[0], np.cumsum(weight)])      # bytes before position k
+    total = int(before[-1])
+    cuts = []
+    for i in range(1, chips):
+        target = total * i / chips
+        slack = total / chips / 10
+        lo = cuts[-1] + 1 if cuts else 1
+        cand = [c for c in range(lo, k - (chips - 1 - i)) if allowed[c]]
+        if not cand:
+            raise ValueError(f"no place to cut the program into {chips} stages")
+        near = [c for c in cand if abs(before[c] - target) <= slack]
+        if near:
+            best = min(near, key=lambda c: (crossing[c], abs(before[c] - target), c))
+        else:
+            best = min(cand, key=lambda c: (abs(before[c] - target), crossing[c], c))
+        cuts.append(best)
+    return cuts
+
+
+def split(graph: IRGraph, cuts: list[int]) -> list[Stage]:
+    """The stage graphs of the cuts (positions into the compute nodes)."""
+    comp = _compute(graph)
+    bounds = [0] + list(cuts) + [len(comp)]
+    stage_of = {}
+    for s in range(len(bounds) - 1):
+        for n in comp[bounds[s]:bounds[s + 1]]:
+            stage_of[n.id] = s
+    stages = [Stage(IRGraph(graph.source_name, graph.source), [n.id for n in comp[bounds[s]:bounds[s + 1]]])
+              for s in range(len(bounds) - 1)]
+    crossings = {}                         # (node, stage) -> True
+    for n in comp:
+        for u in graph.users(n.id):
+            if u in stage_of and stage_of[u] != stage_of[n.id]:
+                crossings[(n.id, stage_of[u])] = True
+    for nid, to in crossings:
+        stages[stage_of[nid]].send.append((nid, to))
+        stages[to].recv.append((nid, stage_of[nid]))
+    for s, st in enumerate(stages):
+        _build(graph, st, s, stage_of)
+    return stages
+
+
+def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
+    g = st.graph
+    g.params = dict(graph.params)
+    new = {}
+    mine = set(st.nodes)
+    incoming = {nid for nid, _ in st.recv}
+
+    def ref(i):
+        if i not in new:                  # a leaf used here, or a value received over a link
+            n = graph.node(i)
+            if i in incoming:
+                new[i] = g.add("input", [], n.shape, n.dtype, {"name": link_name(i)}, n.line, n.col)
+                g.decls[link_name(i)] = new[i]
+            else:
+                assert n.op in LEAVES, (n.op, i)
+                new[i] = g.add(n.op, [], n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+                if "name" in n.attrs and n.op != "const":
+                    g.decls[n.attrs["name"]] = new[i]
+                    if n.op == "state":
+                        g.final_states[n.attrs["name"]] = new[i]
+        return new[i]
+
+    for n in graph.nodes():
+        if n.id in mine:
+            ins = [ref(i) for i in n.inputs]
+            new[n.id] = g.add(n.op, ins, n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+            if n.op == "store":
+                g.final_states[n.attrs["name"]] = new[n.id]
+        elif n.op == "output" and stage_of.get(n.inputs[0], _leaf_stage(graph, n.inputs[0], s)) == s:
+            o = g.add("output", [ref(n.inputs[0])], n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+            g.outputs[n.attrs["name"]] = o
+    for nid, _ in st.send:
+        if link_name(nid) not in g.outputs:
+            n = graph.node(nid)
+            g.outputs[link_name(nid)] = g.add("output", [new[nid]], n.shape, n.dtype,
+                                              {"name": link_name(nid)}, n.line, n.col)
+
+
+def _leaf_stage(graph: IRGraph, nid: int, s: int) -> int:
+    """An output of a leaf (a declared tensor output as it is): the first stage owns it."""
+    return 0

@@ -1,0 +1,200 @@
+"""Many chips: the system config, the C2C opcodes, pipeline partitioning, link transfers and
+the windowed system emulator (isa/system.py, compiler/partition.py, compiler/system.py,
+emulator/c2c.py, emulator/system.py)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+from lpu import api
+from lpu.compiler.frontend import elaborate_source
+from lpu.compiler.partition import choose_cuts, cut_costs
+from lpu.compiler.reference import random_values
+from lpu.compiler.system import compile_auto, compile_system
+from lpu.compiler.verify import verify
+from lpu.emulator.run import HazardError
+from lpu.emulator.system import run_system
+from lpu.isa import opcodes as O
+from lpu.isa.errors import ConfigError, LpuError
+from lpu.isa.machine import UNIT_C2C, MachineConfig
+from lpu.isa.system import SystemConfig
+
+HERE = os.path.dirname(__file__)
+ROOT = os.path.dirname(HERE)
+SMALL = os.path.join(HERE, "machines", "tiny-small.toml")
+
+
+def graph_of(name, params):
+    path = os.path.join(ROOT, "programs", f"{name}.lpu")
+    with open(path) as f:
+        return elaborate_source(f.read(), path, params)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return MachineConfig.load(SMALL)
+
+
+@pytest.fixture(scope="module")
+def mlp2(small):
+    g = graph_of("mlp", {"S": 8, "D": 32, "F": 64})
+    return g, compile_system(g, SystemConfig.load("node", MachineConfig.load("tiny"), 2))
+
+
+def test_link_figures_from_the_node_config():
+    s = SystemConfig.load("node", chips=8)
+    assert (s.slot_cycles, s.hop_cycles, s.link_gbytes_per_s) == (24, 216, 12.5)   # P22; 328 B at 12.5 GB/s
+    for a in range(8):
+        for b in range(8):
+            if a != b:
+                la, lb = s.link_between(a, b)
+                assert s.peer(a, la) == b and s.peer(b, lb) == a and 0 <= la < 7
+    with pytest.raises(ConfigError, match="different nodes"):
+        SystemConfig.load("node", chips=16).link_between(7, 8)
+
+
+def test_system_config_errors(small):
+    with pytest.raises(ConfigError, match="chip count"):
+        SystemConfig.load("node", small, 0)
+    with pytest.raises(ConfigError, match="unknown system"):
+        SystemConfig.load("nosuch")
+
+
+def test_c2c_opcodes_are_in_the_one_table():
+    m = MachineConfig.load("tiny")
+    assert O.OPS[O.SEND].unit == O.OPS[O.RECV].unit == UNIT_C2C
+    assert m.queues[m.c2c_queue(0)][:3] == ("c2c0", UNIT_C2C, 0)
+    assert len([q for q in m.queues if q[1] == UNIT_C2C]) == m.c2c_links == 16
+
+
+def test_two_chips_match_the_reference_and_their_predictions(mlp2):
+    g, sp = mlp2
+    assert [p.n_instructions > 0 for p in sp.chips] == [True, True]
+    assert all(verify(p) == [] for p in sp.chips)      # the independent checker, chip by chip
+    ops0, ops1 = set(sp.chips[0].op.tolist()), set(sp.chips[1].op.tolist())
+    assert O.SEND in ops0 and O.RECV not in ops0 and O.RECV in ops1 and O.SEND not in ops1
+    vals = random_values(g, 0)
+    r = run_system(sp, vals)
+    assert [c.cycles for c in r.chips] == [p.predicted_cycles for p in sp.chips]   # finish() checks each too
+    assert r.cycles == sp.predicted_cycles
+    # the receiver cannot start before the first vector's hop
+    assert sp.chips[1].predicted_cycles > sp.system.hop_cycles
+    assert api.check(g, sp.chips[1], vals, r)["ok"]
+    assert r.chips[0].counters["link_vectors_sent"] == r.chips[1].counters["link_vectors_received"] > 0
+
+
+@pytest.mark.parametrize("name,params,chips", [
+    ("mlp", {"S": 16}, 2),
+    ("gpt2_block_decode", {"C": 64, "D": 128, "T": 10}, 3),
+])
+def test_auto_takes_the_fewest_chips_that_fit(small, name, params, chips):
+    g = graph_of(name, params)
+    with pytest.raises(LpuError, match="does not fit"):
+        compile_system(g, SystemConfig.load("node", small, 1))
+    sp = compile_auto(g, SystemConfig.load("node", small))
+    assert len(sp.chips) == chips
+    vals = random_values(g, 1)
+    r = run_system(sp, vals)
+    assert api.check(g, sp.chips[0], vals, r)["ok"]
+    assert r.cycles == sp.predicted_cycles
+
+
+def test_states_stay_on_one_chip():
+    g = graph_of("gpt2_block_decode", {"C": 64, "D": 128, "T": 10})
+    comp, resident, crossing, allowed = cut_costs(g)
+    stores = [i for i, n in enumerate(comp) if n.op == "store"]
+    assert stores and not allowed[stores[-1]]          # no cut just before a store of the cache
+    for chips in (2, 3):
+        assert all(allowed[c] for c in choose_cuts(g, chips))
+
+
+def _mutated(prog, i, j, value):
+    """A copy of prog with instruction i's arg j set to value."""
+    args = prog.args.copy()
+    args[i, j] = value
+    return dataclasses.replace(prog, args=args)
+
+
+def _c2c_rows(prog, op):
+    return [i for i in range(prog.n_instructions) if prog.op[i] == op]
+
+
+def test_receive_before_arrival_is_a_hazard(mlp2):
+    g, sp = mlp2
+    recv = sp.chips[1]
+    q = recv.queue[_c2c_rows(recv, O.RECV)[0]]
+    nop = next(i for i in range(recv.n_instructions) if recv.queue[i] == q and recv.op[i] == O.NOP)
+    bad = _mutated(recv, nop, 0, int(recv.args[nop, 0]) - 5)       # every RECV 5 cycles early
+    sp2 = dataclasses.replace(sp, chips=[sp.chips[0], bad])
+    with pytest.raises(HazardError, match=r"chip 1 c2c\d+ .*RECV.*receive before arrival") as e:
+        run_system(sp2, random_values(g, 0))
+    assert e.value.kind == "link-early" and e.value.line > 0
+
+
+def test_two_sends_in_one_slot_is_a_hazard(mlp2):
+    g, sp = mlp2
+    send = sp.chips[0]
+    sends = _c2c_rows(send, O.SEND)
+    nop = sends[0] + 1                           # SEND, NOP slot-1, SEND, ...
+    assert send.op[nop] == O.NOP and send.args[nop, 0] == sp.system.slot_cycles - 1 and send.op[nop + 1] == O.SEND
+    bad = _mutated(send, nop, 0, 0)              # the next vector one cycle after the first
+    sp2 = dataclasses.replace(sp, chips=[bad, sp.chips[1]])
+    with pytest.raises(HazardError, match=r"chip 0 c2c\d+ .*SEND.*two sends on link") as e:
+        run_system(sp2, random_values(g, 0))
+    assert e.value.kind == "link-busy"
+
+
+def test_a_chip_program_alone_is_refused(mlp2):
+    g, sp = mlp2
+    with pytest.raises(LpuError, match="chip-to-chip"):
+        api.run(sp.chips[0], {k: v for k, v in random_values(g, 0).items() if k in ("x", "w1", "b1")})
+
+
+def test_result_does_not_depend_on_the_grouping(mlp2):
+    g, sp = mlp2
+    vals = random_values(g, 0)
+    one = run_system(sp, vals)
+    two = run_system(sp, vals, workers=2)
+    assert [c.cycles for c in one.chips] == [c.cycles for c in two.chips]
+    assert all(np.array_equal(one.outputs[k], two.outputs[k]) for k in one.outputs)
+    assert one.windows == two.windows
+
+
+def test_bundle_round_trip_and_old_readers(mlp2, tmp_path):
+    from lpu.isa.bundle import decode_bundle, encode_bundle
+    from lpu.isa.encoding import decode
+    from lpu.isa.errors import BinaryError
+    g, sp = mlp2
+    data = encode_bundle(sp)
+    system, progs, outputs, params = decode_bundle(data)
+    assert system == sp.system and progs == sp.chips and outputs == sp.outputs and params == sp.params
+    with pytest.raises(BinaryError, match="version 1001"):
+        decode(data)                                  # a one-chip reader says why
+    with pytest.raises(BinaryError, match="checksum"):
+        decode_bundle(data[:-1] + bytes([data[-1] ^ 1]))
+
+
+def test_cli_compile_run_disasm(small, tmp_path, capsys):
+    import json
+    from lpu.cli import main
+    prog = os.path.join(ROOT, "programs", "mlp.lpu")
+    args = [prog, "-p", "S=16", "--machine", SMALL]
+    assert main(["compile", *args]) == 2
+    assert "--chips" in capsys.readouterr().err           # today's error names the way out
+    out = str(tmp_path / "mlp.lpubin")
+    assert main(["compile", *args, "--chips", "auto", "-o", out, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["chips"] == 2 and len(info["per_chip"]) == 2
+    assert info["predicted_cycles"] == max(c["predicted_cycles"] for c in info["per_chip"])
+    assert main(["run", out, "--check", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["check"]["ok"] and r["chips"] == 2 and r["cycles"] == r["predicted_cycles"] == info["predicted_cycles"]
+    assert all(c["cycles"] == c["predicted_cycles"] for c in r["per_chip"])
+    assert main(["disasm", out]) == 0
+    text = capsys.readouterr().out
+    assert "; ==== chip 0 ====" in text and "; ==== chip 1 ====" in text and "SEND" in text and "RECV" in text
+    assert main(["run", out, "--chips", "3"]) == 2
+    assert "compiled for 2 chips" in capsys.readouterr().err
