@@ -3,7 +3,14 @@
 The compute nodes (every node but leaves and outputs), in program order, are cut into runs.
 A leaf (input, weight, const) goes to every stage that uses it (a weight used by two stages
 is held by both); a state, its stores and its uses must lie in one stage (a cut that splits
-them is not taken); an output goes with the stage of its value. A value computed in stage a
+them is not taken); an output goes with the stage of its value.
+
+Stacked tensors (`weight w : f16[L, D, D]` read as `w[l]`, `state kc : f16[L, C, D]` stored as
+`kc[l, ...] <- v`): a weight or state of which every use is a slice or store with a constant
+range on axis 0 is *split*: a stage holds only the rows of axis 0 it uses (`Stage.rows`: name ->
+(start, stop); the host loads value[start:stop] on that chip and puts a state's rows back from
+there), with its slices and stores shifted. A split state may be cut between its rows, never
+inside one row's uses. A value computed in stage a
 and used in a later stage b crosses: stage a outputs it and stage b takes it as an input, both
 named `@<node id>` (no DSL name has an `@`), and the system compiler (compiler/system.py)
 moves it over the link from chip a to chip b.
@@ -32,6 +39,38 @@ class Stage:
     nodes: list                  # compute node ids of the original graph
     recv: list = field(default_factory=list)   # [(original node id, from stage)]
     send: list = field(default_factory=list)   # [(original node id, to stage)]
+    rows: dict = field(default_factory=dict)   # split leaf name -> (start, stop) of axis 0 held here
+
+
+def _row_range(n, version: int):
+    """(start, stop) on axis 0 of a slice or store of `version` with a constant range there, or None."""
+    if n.op == "slice" and n.inputs[0] == version:
+        i = n.attrs["index"][0]
+    elif n.op == "store" and n.inputs[0] == version and version not in n.inputs[1:]:
+        i = n.attrs["index"][0]
+    else:
+        return None
+    return (i, i + 1) if isinstance(i, int) else (int(i[0]), int(i[1]))
+
+
+def split_uses(graph: IRGraph, leaf: int):
+    """Every use of a weight or state leaf (through a state's versions): [(node id, (start, stop))],
+    or None if some use is not a slice or store with a constant range on axis 0."""
+    n0 = graph.node(leaf)
+    if n0.op not in ("weight", "state") or len(n0.shape) < 2:
+        return None
+    uses, todo = [], [leaf]
+    while todo:
+        v = todo.pop()
+        for u in graph.users(v):
+            un = graph.node(u)
+            r = _row_range(un, v)
+            if r is None:
+                return None
+            uses.append((u, r))
+            if un.op == "store":
+                todo.append(u)
+    return uses or None
 
 
 def _compute(graph: IRGraph) -> list:
@@ -39,11 +78,19 @@ def _compute(graph: IRGraph) -> list:
 
 
 def _state_spans(graph: IRGraph, pos: dict) -> list[tuple[int, int]]:
-    """(first, last) compute position touching each state (its versions' users and stores):
-    no cut may fall inside such a span."""
+    """(first, last) compute position touching each state (its versions' users and stores), or
+    each row of a split state: no cut may fall inside such a span."""
     spans = []
     for name, leaf in graph.decls.items():
         if graph.node(leaf).op != "state":
+            continue
+        uses = split_uses(graph, leaf)
+        if uses:
+            rows = {}
+            for u, (a, b) in uses:
+                for r in range(a, b):
+                    rows.setdefault(r, []).append(pos[u])
+            spans += [(min(p), max(p)) for p in rows.values()]
             continue
         touched = []
         todo = [leaf]
@@ -68,6 +115,14 @@ def cut_costs(graph: IRGraph):
     resident = np.zeros(k, np.int64)
     for n in graph.nodes():
         if n.op in ("weight", "state", "const"):
+            uses = split_uses(graph, n.id)
+            if uses:                       # each row counts where it is first used
+                per_row, seen = n.nbytes // n.shape[0], set()
+                for u, (a, b) in sorted(uses, key=lambda x: pos[x[0]]):
+                    new = set(range(a, b)) - seen
+                    resident[pos[u]] += per_row * len(new)
+                    seen |= new
+                continue
             users = [pos[u] for u in graph.users(n.id) if u in pos]
             if users:
                 resident[min(users)] += n.nbytes
@@ -123,8 +178,12 @@ def split(graph: IRGraph, cuts: list[int]) -> list[Stage]:
             stage_of[n.id] = s
     stages = [Stage(IRGraph(graph.source_name, graph.source), [n.id for n in comp[bounds[s]:bounds[s + 1]]])
               for s in range(len(bounds) - 1)]
+    versions = {u for leaf in graph.decls.values() for u, _ in (split_uses(graph, leaf) or ())
+                if graph.node(u).op == "store"}      # a split state's rows stay where they are
     crossings = {}                         # (node, stage) -> True
     for n in comp:
+        if n.id in versions:
+            continue
         for u in graph.users(n.id):
             if u in stage_of and stage_of[u] != stage_of[n.id]:
                 crossings[(n.id, stage_of[u])] = True
@@ -142,8 +201,32 @@ def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
     new = {}
     mine = set(st.nodes)
     incoming = {nid for nid, _ in st.recv}
+    split = {}                               # leaf id -> (start, stop) held here
+    version_of = {}                          # a split state's version (node id) -> its leaf id
+    for name, leaf in graph.decls.items():
+        uses = split_uses(graph, leaf)
+        if not uses:
+            continue
+        for u, _ in uses:
+            if graph.node(u).op == "store":
+                version_of[u] = leaf
+        here = [r for u, r in uses if u in mine]
+        if here:
+            split[leaf] = (min(a for a, _ in here), max(b for _, b in here))
+            st.rows[name] = split[leaf]
+    current = {}                             # split state leaf -> this stage's latest version
 
     def ref(i):
+        leaf = version_of.get(i, i)
+        if leaf in split:                    # a split leaf (or a state version): this stage's rows
+            if leaf not in current:
+                n = graph.node(leaf)
+                a, b = split[leaf]
+                current[leaf] = g.add(n.op, [], (b - a,) + tuple(n.shape[1:]), n.dtype, dict(n.attrs), n.line, n.col)
+                g.decls[n.attrs["name"]] = current[leaf]
+                if n.op == "state":
+                    g.final_states[n.attrs["name"]] = current[leaf]
+            return current[leaf]
         if i not in new:                  # a leaf used here, or a value received over a link
             n = graph.node(i)
             if i in incoming:
@@ -161,9 +244,20 @@ def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
     for n in graph.nodes():
         if n.id in mine:
             ins = [ref(i) for i in n.inputs]
-            new[n.id] = g.add(n.op, ins, n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+            attrs, shape = dict(n.attrs), n.shape
+            leaf = version_of.get(n.inputs[0], n.inputs[0]) if n.inputs else None
+            if leaf in split and n.op in ("slice", "store"):
+                a, b = split[leaf]
+                i0 = attrs["index"][0]
+                attrs["index"] = ((i0 - a) if isinstance(i0, int) else (i0[0] - a, i0[1] - a),) + \
+                    tuple(attrs["index"][1:])
+                if n.op == "store":
+                    shape = (b - a,) + tuple(shape[1:])
+            new[n.id] = g.add(n.op, ins, shape, n.dtype, attrs, n.line, n.col)
             if n.op == "store":
                 g.final_states[n.attrs["name"]] = new[n.id]
+                if leaf in split:
+                    current[leaf] = new[n.id]
         elif n.op == "output" and stage_of.get(n.inputs[0], _leaf_stage(graph, n.inputs[0], s)) == s:
             o = g.add("output", [ref(n.inputs[0])], n.shape, n.dtype, dict(n.attrs), n.line, n.col)
             g.outputs[n.attrs["name"]] = o

@@ -42,6 +42,7 @@ class SystemProgram:
     chips: list                          # [Program], one per chip
     outputs: dict = field(default_factory=dict)    # output name -> chip that holds it
     params: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)       # per chip: split tensor name -> (start, stop) of axis 0
 
     @property
     def predicted_cycles(self) -> int:
@@ -215,7 +216,7 @@ def compile_system(graph, system: SystemConfig, stats: CompileStats | None = Non
     if system.chips == 1:
         prog = compile_graph(graph, system.machine, stats)
         prog.params = dict(graph.params)
-        return SystemProgram(system, [prog], {name: 0 for name in graph.outputs}, dict(graph.params))
+        return SystemProgram(system, [prog], {name: 0 for name in graph.outputs}, dict(graph.params), [{}])
     try:
         cuts = P.choose_cuts(graph, system.chips)
     except ValueError as e:
@@ -224,7 +225,7 @@ def compile_system(graph, system: SystemConfig, stats: CompileStats | None = Non
     progs = compile_stages(system, stages, stats)
     outputs = {name: s for s, st in enumerate(stages) for name in st.graph.outputs
                if not name.startswith(P.LINK_PREFIX)}
-    return SystemProgram(system, progs, outputs, dict(graph.params))
+    return SystemProgram(system, progs, outputs, dict(graph.params), [dict(st.rows) for st in stages])
 
 
 def compile_auto(graph, system: SystemConfig, stats: CompileStats | None = None,

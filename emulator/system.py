@@ -15,6 +15,8 @@ import dataclasses
 import multiprocessing as mp
 from dataclasses import dataclass
 
+import numpy as np
+
 from lpu.emulator.c2c import ChipRun
 from lpu.isa.errors import LpuError
 
@@ -30,8 +32,18 @@ class SystemResult:
     windows: int
 
 
-def chip_values(program, values: dict) -> dict:
-    return {s.name: values[s.name] for s in program.symbols if s.kind in LOADED and s.name in values}
+def chip_values(program, values: dict, rows: dict) -> dict:
+    """The values a chip loads: a split tensor's rows of axis 0 (`rows`: name -> (start, stop))."""
+    out = {}
+    for s in program.symbols:
+        if s.kind in LOADED and s.name in values:
+            v = values[s.name]
+            out[s.name] = v[rows[s.name][0]:rows[s.name][1]] if s.name in rows else v
+    return out
+
+
+def _rows_of(sp, c: int) -> dict:
+    return sp.rows[c] if getattr(sp, "rows", None) else {}
 
 
 class Group:
@@ -119,7 +131,7 @@ def run_system(sp, values: dict, workers: int = 0) -> SystemResult:
     """Run the SystemProgram `sp` on `values` (every input, weight and state, by name); workers:
     0 = every chip in this process, N = groups of chips in N local processes."""
     system = sp.system
-    items = [(c, p, chip_values(p, values)) for c, p in enumerate(sp.chips)]
+    items = [(c, p, chip_values(p, values, _rows_of(sp, c))) for c, p in enumerate(sp.chips)]
     if workers and workers > 1 and len(items) > 1:
         ctx = mp.get_context("spawn")
         n = min(workers, len(items))
@@ -127,14 +139,14 @@ def run_system(sp, values: dict, workers: int = 0) -> SystemResult:
         try:
             for g in range(n):
                 groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx))
-            return _drive(sp, groups, parallel=True)
+            return _drive(sp, groups, values, parallel=True)
         finally:
             for g in groups:
                 g.close()
-    return _drive(sp, [Group(items, system.slot_cycles)], parallel=False)
+    return _drive(sp, [Group(items, system.slot_cycles)], values, parallel=False)
 
 
-def _drive(sp, groups, parallel: bool) -> SystemResult:
+def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
     system = sp.system
     owner = {}
     for gi, g in enumerate(groups):
@@ -174,6 +186,12 @@ def _drive(sp, groups, parallel: bool) -> SystemResult:
     outputs, states = {}, {}
     for name, c in sp.outputs.items():
         outputs[name] = chips[c].outputs[name]
-    for r in chips:
-        states.update(r.states)
+    for c, r in enumerate(chips):            # a split state: each chip's rows put back in place
+        rows = _rows_of(sp, c)
+        for name, arr in r.states.items():
+            if name in rows:
+                whole = states.setdefault(name, np.array(values[name], copy=True))
+                whole[rows[name][0]:rows[name][1]] = arr
+            else:
+                states[name] = arr
     return SystemResult(outputs, states, max(r.cycles for r in chips), chips, windows)

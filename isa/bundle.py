@@ -8,7 +8,8 @@ Layout (all integers little-endian):
                          that reads only those refuses a bundle by its version, with a message)
     length      u32      bytes after this field, up to and including the checksum
     header      u32 length, then JSON: {"system": SystemConfig.to_dict(), "outputs": {name: chip},
-                "params": {...}, "chips": N}
+                "params": {...}, "chips": N, "rows": [{name: [start, stop]} per chip]: the rows
+                of axis 0 of each split tensor a chip holds (compiler/partition.py)}
     chips       N times: u32 length, then the chip's program as a one-chip .lpubin (encoding.encode)
     checksum    u32      CRC-32 of everything before it
 """
@@ -35,8 +36,9 @@ def is_bundle(data: bytes) -> bool:
 
 def encode_bundle(sp) -> bytes:
     """Bytes of a SystemProgram (compiler/system.py)."""
+    rows = [{k: list(v) for k, v in r.items()} for r in (sp.rows or [{} for _ in sp.chips])]
     head = json.dumps({"system": sp.system.to_dict(), "outputs": dict(sp.outputs), "params": dict(sp.params),
-                       "chips": len(sp.chips)}, sort_keys=True).encode()
+                       "chips": len(sp.chips), "rows": rows}, sort_keys=True).encode()
     body = [struct.pack("<I", len(head)), head]
     for p in sp.chips:
         blob = E.encode(p)
@@ -47,7 +49,7 @@ def encode_bundle(sp) -> bytes:
 
 
 def decode_bundle(data: bytes):
-    """(SystemConfig, [Program], outputs, params) of bundle bytes."""
+    """(SystemConfig, [Program], outputs, params, rows) of bundle bytes."""
     if not is_bundle(data):
         raise BinaryError("not a system bundle")
     total = _PRE + struct.unpack_from("<I", data, len(E.MAGIC) + 2)[0]
@@ -75,7 +77,13 @@ def decode_bundle(data: bytes):
     if pos != total - 4 or len(progs) != system.chips:
         raise BinaryError("corrupt system bundle: its chip programs do not fill it")
     outputs = {str(k): int(v) for k, v in head["outputs"].items()}
-    return system, progs, outputs, dict(head["params"])
+    try:
+        rows = [{str(k): (int(v[0]), int(v[1])) for k, v in r.items()} for r in head["rows"]]
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        raise BinaryError("corrupt system bundle: bad 'rows' in its header") from None
+    if len(rows) != len(progs):
+        raise BinaryError("corrupt system bundle: 'rows' does not list every chip")
+    return system, progs, outputs, dict(head["params"]), rows
 
 
 def save_bundle(sp, path: str) -> None:

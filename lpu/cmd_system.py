@@ -66,7 +66,7 @@ def compile_for(a, stats):
         with open(path, "rb") as f:
             data = f.read()
         try:
-            system, progs, outputs, bparams = decode_bundle(data)
+            system, progs, outputs, bparams, rows = decode_bundle(data)
         except BinaryError as e:
             raise BinaryError(f"{path}: {e.message}") from None
         chips = parse_chips(getattr(a, "chips", None))
@@ -76,7 +76,7 @@ def compile_for(a, stats):
         if differ:
             raise LpuError(f"{path}: -p {differ[0]}={params[differ[0]]}: the bundle was compiled with "
                            f"{differ[0]}={bparams.get(differ[0])}; recompile the program with the new values")
-        sp = SystemProgram(system, progs, outputs, bparams)
+        sp = SystemProgram(system, progs, outputs, bparams, rows)
         return sp, _graph_of_bundle(sp)
     if not os.path.isfile(path):
         raise LpuError(f"{path}: no such file")
@@ -115,12 +115,16 @@ def _graph_of_bundle(sp):
 def declared(sp):
     """Every input, weight and state of the system's chips, once (a stand-in Program for
     api.inputs_for)."""
-    seen = {}
-    for p in sp.chips:
+    seen, length = {}, {}
+    for c, p in enumerate(sp.chips):
+        rows = sp.rows[c] if sp.rows else {}
         for s in p.symbols:
             if s.kind in LOADED and s.name not in seen:
                 seen[s.name] = s
-    return SimpleNamespace(symbols=list(seen.values()))
+            if s.name in rows:                  # a split tensor: as long as the last row held
+                length[s.name] = max(length.get(s.name, 0), rows[s.name][1])
+    return SimpleNamespace(symbols=[replace(s, shape=(length[s.name],) + tuple(s.shape[1:])) if s.name in length else s
+                                    for s in seen.values()])
 
 
 def per_chip_compile(sp) -> list:
@@ -234,7 +238,7 @@ def cmd_disasm(a) -> int:
     with open(a.binary, "rb") as f:
         data = f.read()
     try:
-        system, progs, outputs, params = decode_bundle(data)
+        system, progs, outputs, params, _ = decode_bundle(data)
     except BinaryError as e:
         raise BinaryError(f"{a.binary}: {e.message}") from None
     parts = [f"; system bundle: {system.chips} chips of {system.machine.name}, link slot {system.slot_cycles} cycles, "

@@ -169,8 +169,9 @@ def test_bundle_round_trip_and_old_readers(mlp2, tmp_path):
     from lpu.isa.errors import BinaryError
     g, sp = mlp2
     data = encode_bundle(sp)
-    system, progs, outputs, params = decode_bundle(data)
+    system, progs, outputs, params, rows = decode_bundle(data)
     assert system == sp.system and progs == sp.chips and outputs == sp.outputs and params == sp.params
+    assert rows == sp.rows
     with pytest.raises(BinaryError, match="version 1001"):
         decode(data)                                  # a one-chip reader says why
     with pytest.raises(BinaryError, match="checksum"):
@@ -198,3 +199,20 @@ def test_cli_compile_run_disasm(small, tmp_path, capsys):
     assert "; ==== chip 0 ====" in text and "; ==== chip 1 ====" in text and "SEND" in text and "RECV" in text
     assert main(["run", out, "--chips", "3"]) == 2
     assert "compiled for 2 chips" in capsys.readouterr().err
+
+
+def test_stacked_weights_and_cache_are_split_by_layer(small):
+    """gpt2_small_decode's [L, ...] weights and KV cache: each chip holds its layers' rows; the
+    caches' rows come back in place."""
+    g = graph_of("gpt2_small_decode", {"L": 4, "D": 128, "H": 4, "C": 32, "T": 5})
+    sp = compile_auto(g, SystemConfig.load("node", small))
+    assert len(sp.chips) == 4
+    assert [r["kc"] for r in sp.rows] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    for p in sp.chips:
+        assert p.symbol("wqkv").shape[0] == 1 and p.symbol("kc").shape[0] == 1
+        assert all(tuple(s.shape) == (1, 128) for s in p.symbols if s.kind == "link")   # only the residual crosses
+    vals = random_values(g, 2)
+    r = run_system(sp, vals)
+    assert r.states["kc"].shape == (4, 32, 128)
+    assert api.check(g, sp.chips[0], vals, r)["ok"]
+    assert [c.counters["link_vectors_received"] for c in r.chips] == [0, 16, 16, 16]   # x: f16[1, 128]
