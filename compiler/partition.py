@@ -12,8 +12,8 @@ range on axis 0 is *split*: a stage holds only the rows of axis 0 it uses (`Stag
 there), with its slices and stores shifted. A split state may be cut between its rows, never
 inside one row's uses. A value computed in stage a
 and used in a later stage b crosses: stage a outputs it and stage b takes it as an input, both
-named `@<node id>` (no DSL name has an `@`), and the system compiler (compiler/system.py)
-moves it over the link from chip a to chip b.
+named `@<node id>>` and `@<node id>` (no DSL name has an `@`), and the system compiler
+(compiler/system.py) moves it over the link from chip a to chip b.
 
 Cuts: stage i should hold about i/N of the bytes of weights and states; around each such
 point (within a tenth of a stage's bytes) the cut where the fewest bytes cross is taken.
@@ -30,7 +30,13 @@ LINK_PREFIX = "@"
 
 
 def link_name(nid: int) -> str:
+    """The name of value `nid` where a stage receives it."""
     return f"{LINK_PREFIX}{nid}"
+
+
+def send_name(nid: int) -> str:
+    """The name of value `nid` where a stage sends it (a relay receives and sends it)."""
+    return f"{LINK_PREFIX}{nid}>"
 
 
 @dataclass
@@ -168,8 +174,10 @@ def choose_cuts(graph: IRGraph, chips: int) -> list[int]:
     return cuts
 
 
-def split(graph: IRGraph, cuts: list[int]) -> list[Stage]:
-    """The stage graphs of the cuts (positions into the compute nodes)."""
+def split(graph: IRGraph, cuts: list[int], route=None) -> list[Stage]:
+    """The stage graphs of the cuts (positions into the compute nodes). route(a, b): the stages a
+    value from stage a to stage b passes (default: straight there); each stage in between relays
+    it (receives it as an input and sends it on as an output of the same name)."""
     comp = _compute(graph)
     bounds = [0] + list(cuts) + [len(comp)]
     stage_of = {}
@@ -187,9 +195,14 @@ def split(graph: IRGraph, cuts: list[int]) -> list[Stage]:
         for u in graph.users(n.id):
             if u in stage_of and stage_of[u] != stage_of[n.id]:
                 crossings[(n.id, stage_of[u])] = True
+    hops = {}
     for nid, to in crossings:
-        stages[stage_of[nid]].send.append((nid, to))
-        stages[to].recv.append((nid, stage_of[nid]))
+        path = route(stage_of[nid], to) if route else [stage_of[nid], to]
+        for a, b in zip(path, path[1:]):
+            hops[(nid, a, b)] = True
+    for nid, a, b in hops:
+        stages[a].send.append((nid, b))
+        stages[b].recv.append((nid, a))
     for s, st in enumerate(stages):
         _build(graph, st, s, stage_of)
     return stages
@@ -262,10 +275,10 @@ def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
             o = g.add("output", [ref(n.inputs[0])], n.shape, n.dtype, dict(n.attrs), n.line, n.col)
             g.outputs[n.attrs["name"]] = o
     for nid, _ in st.send:
-        if link_name(nid) not in g.outputs:
+        if send_name(nid) not in g.outputs:
             n = graph.node(nid)
-            g.outputs[link_name(nid)] = g.add("output", [new[nid]], n.shape, n.dtype,
-                                              {"name": link_name(nid)}, n.line, n.col)
+            g.outputs[send_name(nid)] = g.add("output", [ref(nid)], n.shape, n.dtype,
+                                              {"name": send_name(nid)}, n.line, n.col)
 
 
 def _leaf_stage(graph: IRGraph, nid: int, s: int) -> int:

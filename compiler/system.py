@@ -32,7 +32,7 @@ from lpu.isa.errors import CapacityError, LpuError
 from lpu.isa.machine import EAST, WEST
 from lpu.isa.opcodes import NARGS, make_ref
 from lpu.isa.program import Program
-from lpu.isa.system import SystemConfig
+from lpu.isa.system import MAX_CHIPS, SystemConfig
 
 
 @dataclass
@@ -186,16 +186,19 @@ def compile_stages(system: SystemConfig, stages: list, stats: CompileStats | Non
         recvs = []
         for nid, frm in st.recv:
             link = system.link_between(frm, s)[1]
+            if (nid, s) not in arrivals:
+                raise AssertionError(f"chip {s} receives @{nid} from chip {frm}, which sends it later")
             recvs.append((P.link_name(nid), link, arrivals[(nid, s)]))
         recvs.sort(key=lambda r: (r[1], r[2][0]))        # per link, in the order sent
         last = place_recvs(system, body, recvs, rows, line_of)
         shift = last + _gap(m) if last >= 0 else 0
         _body_rows(body, shift, rows)
         end = shift + body.predicted_cycles
-        sends = [(P.link_name(nid), system.link_between(s, to)[0], to) for nid, to in st.send]
-        placed, _ = place_sends(system, body, end + _gap(m), [(n, lk) for n, lk, _ in sends], rows, line_of)
-        for (name, link, cycles), (_, _, to) in zip(placed, sends):
-            arrivals[(int(name[len(P.LINK_PREFIX):]), to)] = [c + system.hop_cycles for c in cycles]
+        sends = [(nid, system.link_between(s, to)[0], to) for nid, to in st.send]
+        placed, _ = place_sends(system, body, end + _gap(m), [(P.send_name(n), lk) for n, lk, _ in sends], rows,
+                                line_of)
+        for (_, _, cycles), (nid, _, to) in zip(placed, sends):
+            arrivals[(nid, to)] = [c + system.hop_between(s, to) for c in cycles]
         cyc = np.array([r[0] for r in rows.rows], np.int64)
         lat = np.array(O.latency_table(m), np.int64)[np.array([r[2] for r in rows.rows], np.int64)]
         predicted = int((cyc + lat).max()) + 1 + m.icu_skew if len(cyc) else 0
@@ -221,7 +224,7 @@ def compile_system(graph, system: SystemConfig, stats: CompileStats | None = Non
         cuts = P.choose_cuts(graph, system.chips)
     except ValueError as e:
         raise LpuError(f"cannot split the program over {system.chips} chips: {e}") from None
-    stages = P.split(graph, cuts)
+    stages = P.split(graph, cuts, system.route)
     progs = compile_stages(system, stages, stats)
     outputs = {name: s for s, st in enumerate(stages) for name in st.graph.outputs
                if not name.startswith(P.LINK_PREFIX)}
@@ -235,7 +238,7 @@ def compile_auto(graph, system: SystemConfig, stats: CompileStats | None = None,
     m = system.machine
     resident = sum(n.nbytes for n in graph.nodes() if n.op in ("weight", "state", "const"))
     chips = max(1, -(-resident // m.sram_bytes))
-    top = max_chips or system.chips_per_node
+    top = max_chips or min(MAX_CHIPS, max(2 * chips, system.chips_per_node))
     last = None
     while chips <= top:
         try:

@@ -173,7 +173,7 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
                     raise LpuError(f"chip {c} sends on link {link} at cycle {t}, which leads to no chip of this "
                                    f"{system.chips}-chip system")
                 back = system.link_between(c, peer)[1]
-                pending[owner[peer]].append((peer, back, t + system.hop_cycles, payload))
+                pending[owner[peer]].append((peer, back, t + system.hop_between(c, peer), payload))
             if n is not None:
                 nxt = n if nxt is None else min(nxt, n)
         if nxt is None and not any(pending):

@@ -3,8 +3,10 @@
 The chip is a `MachineConfig` (every chip of a system is the same). Chips are numbered
 0 .. chips-1; chip c is in node c // chips_per_node. A node's chips are fully connected: chip
 a's local link j (0 .. local_links-1) goes to the j-th other chip of its node, in chip order.
-Global links (nodes joined as a Dragonfly's groups) are modelled by their latency only; a
-program whose transfers need them is refused by the compiler for now.
+Of the global links (P22: nodes join as a Dragonfly's groups), the model wires one chain for
+pipelines (an assumption): global link `local_links` of a node's last chip goes to global link
+`local_links + 1` of the next node's first chip. A vector between chips with no direct link is
+relayed by every chip in between (`route`).
 
 A link carries one vector (one byte plane of `machine.lanes` bytes) per slot of `slot_cycles`
 cycles in each direction, and delivers it `hop_cycles` after it was sent. docs/system.md has
@@ -121,24 +123,54 @@ class SystemConfig:
     def node_of(self, chip: int) -> int:
         return chip // self.chips_per_node
 
+    @property
+    def global_out(self) -> int:
+        """The global link from a node's last chip to the next node's first (`global_in` there)."""
+        return int(self.topology["local_links"])
+
+    @property
+    def global_in(self) -> int:
+        return int(self.topology["local_links"]) + 1
+
+    def direct(self, a: int, b: int) -> bool:
+        """Chips a and b share a link: one node, or a node's last chip and the next node's first."""
+        if a == b or not (0 <= a < self.chips and 0 <= b < self.chips):
+            return False
+        return self.node_of(a) == self.node_of(b) or (min(a, b) + 1 == max(a, b)
+                                                      and max(a, b) % self.chips_per_node == 0)
+
     def link_between(self, a: int, b: int) -> tuple[int, int]:
-        """(link on chip a, link on chip b) of the direct link between chips a and b, which must be
-        in one node (ConfigError otherwise)."""
-        if not (0 <= a < self.chips and 0 <= b < self.chips) or a == b:
-            raise ConfigError(f"no link between chips {a} and {b} of a {self.chips}-chip system")
+        """(link on chip a, link on chip b) of the direct link between chips a and b (ConfigError
+        if there is none: `direct`)."""
+        if not self.direct(a, b):
+            raise ConfigError(f"no direct link between chips {a} and {b} of a {self.chips}-chip system "
+                              f"({self.chips_per_node} chips a node)")
         if self.node_of(a) != self.node_of(b):
-            raise ConfigError(f"chips {a} and {b} are in different nodes ({self.chips_per_node} chips a node): "
-                              f"transfers over global links are not supported yet")
+            return (self.global_out, self.global_in) if a < b else (self.global_in, self.global_out)
         la, lb = a % self.chips_per_node, b % self.chips_per_node
         return (lb if lb < la else lb - 1), (la if la < lb else la - 1)
 
+    def hop_between(self, a: int, b: int) -> int:
+        """Cycles from a SEND on chip a to the earliest RECV of the vector on chip b (direct)."""
+        return self.hop_cycles if self.node_of(a) == self.node_of(b) else self.global_hop_cycles
+
+    def route(self, a: int, b: int) -> list[int]:
+        """The chips a vector from chip a to chip b (a < b) passes: directly in a node, else
+        through every chip in between (each relays it: stored, then sent on)."""
+        return [a, b] if self.direct(a, b) else list(range(a, b + 1))
+
     def peer(self, chip: int, link: int) -> int:
-        """The chip at the far end of `chip`'s local link `link` (-1: none)."""
-        if link >= self.chips_per_node - 1:
+        """The chip at the far end of `chip`'s link `link` (-1: none)."""
+        n = self.chips_per_node
+        if link == self.global_out:
+            return chip + 1 if chip % n == n - 1 and chip + 1 < self.chips else -1
+        if link == self.global_in:
+            return chip - 1 if chip % n == 0 and chip > 0 else -1
+        if link >= n - 1:
             return -1
-        local = chip % self.chips_per_node
+        local = chip % n
         other = link if link < local else link + 1
-        peer = self.node_of(chip) * self.chips_per_node + other
+        peer = self.node_of(chip) * n + other
         return peer if peer < self.chips else -1
 
     def to_dict(self) -> dict:

@@ -88,9 +88,6 @@ def compile_for(a, stats):
     if chips == "auto":
         sp = compile_auto(graph, system, stats)
     else:
-        if chips > system.chips_per_node:
-            raise LpuError(f"--chips {chips}: pipelines across nodes ({system.chips_per_node} chips a node) are not "
-                           f"supported yet")
         sp = compile_system(graph, replace(system, chips=chips), stats)
     stats.pass_seconds.setdefault("system", time.perf_counter() - t0)
     return sp, graph

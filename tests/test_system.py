@@ -52,8 +52,11 @@ def test_link_figures_from_the_node_config():
             if a != b:
                 la, lb = s.link_between(a, b)
                 assert s.peer(a, la) == b and s.peer(b, lb) == a and 0 <= la < 7
-    with pytest.raises(ConfigError, match="different nodes"):
-        SystemConfig.load("node", chips=16).link_between(7, 8)
+    s16 = SystemConfig.load("node", chips=16)
+    assert s16.link_between(7, 8) == (7, 8) and s16.hop_between(7, 8) == 650    # the chain's global link
+    with pytest.raises(ConfigError, match="no direct link"):
+        s16.link_between(6, 8)
+    assert s16.route(6, 9) == [6, 7, 8, 9]
 
 
 def test_system_config_errors(small):
@@ -216,3 +219,33 @@ def test_stacked_weights_and_cache_are_split_by_layer(small):
     assert r.states["kc"].shape == (4, 32, 128)
     assert api.check(g, sp.chips[0], vals, r)["ok"]
     assert [c.counters["link_vectors_received"] for c in r.chips] == [0, 16, 16, 16]   # x: f16[1, 128]
+
+
+SKIP = """
+input  x  : f16[8, 32]
+weight w1 : f16[32, 32]
+weight w2 : f16[32, 32]
+weight w3 : f16[32, 32]
+a = f16(x @ w1)
+b = f16(a @ w2)
+c = f16(b @ w3 + a)
+output y = c
+"""
+
+
+def test_across_nodes_through_a_relay():
+    """Nodes of two chips (tests/systems/pairs.toml): chip 1 -> 2 is the global link between
+    nodes (650 cycles), and `a`, from chip 0 to chip 2, is relayed by chip 1."""
+    g = elaborate_source(SKIP, "skip.lpu", {})
+    system = SystemConfig.load(os.path.join(HERE, "systems", "pairs.toml"), MachineConfig.load("tiny"), 3)
+    assert system.route(0, 2) == [0, 1, 2] and system.route(0, 1) == [0, 1]
+    assert system.hop_between(1, 2) == system.global_hop_cycles == 650
+    assert system.peer(1, system.global_out) == 2 and system.peer(2, system.global_in) == 1
+    sp = compile_system(g, system)
+    kinds = [{s.name: s.kind for s in p.symbols} for p in sp.chips]
+    assert kinds[1]["@5"] == "link" and kinds[1]["@5>"] == "output" and kinds[2]["@5"] == "link"
+    vals = random_values(g, 0)
+    r = run_system(sp, vals)
+    assert api.check(g, sp.chips[0], vals, r)["ok"]
+    assert [c.counters["link_vectors_sent"] for c in r.chips] == [32, 64, 0]     # [8, 32] f16: 16 vectors x 2 planes
+    assert sp.chips[2].predicted_cycles > sp.chips[1].predicted_cycles + 650
