@@ -249,3 +249,21 @@ def test_across_nodes_through_a_relay():
     assert api.check(g, sp.chips[0], vals, r)["ok"]
     assert [c.counters["link_vectors_sent"] for c in r.chips] == [32, 64, 0]     # [8, 32] f16: 16 vectors x 2 planes
     assert sp.chips[2].predicted_cycles > sp.chips[1].predicted_cycles + 650
+
+
+def test_verify_checks_every_chip_and_link(mlp2):
+    from lpu.compiler.verify_links import verify_links
+    g, sp = mlp2
+    assert verify_links(sp.system, sp.chips) == []
+    recv = sp.chips[1]
+    q = recv.queue[_c2c_rows(recv, O.RECV)[0]]
+    nop = next(i for i in range(recv.n_instructions) if recv.queue[i] == q and recv.op[i] == O.NOP)
+    early = verify_links(sp.system, [sp.chips[0], _mutated(recv, nop, 0, int(recv.args[nop, 0]) - 5)])
+    assert {v.kind for v in early} >= {"link-early"} and all(v.queue.startswith("chip ") for v in early)
+    send = sp.chips[0]
+    nop = _c2c_rows(send, O.SEND)[0] + 1
+    busy = verify_links(sp.system, [_mutated(send, nop, 0, 0), sp.chips[1]])
+    assert "link-busy" in {v.kind for v in busy}
+    alone = verify_links(sp.system, [send, dataclasses.replace(recv, op=np.where(recv.op == O.RECV, O.NOP,
+                                                                                   recv.op).astype(np.int32))])
+    assert "link-unmatched" in {v.kind for v in alone}
