@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lpu.emulator import cluster
 from lpu.emulator.c2c import ChipRun
 from lpu.isa.errors import LpuError
 
@@ -127,18 +128,24 @@ class ProcessGroup:
             self.proc.join()
 
 
-def run_system(sp, values: dict, workers: int = 0) -> SystemResult:
+def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = None) -> SystemResult:
     """Run the SystemProgram `sp` on `values` (every input, weight and state, by name); workers:
-    0 = every chip in this process, N = groups of chips in N local processes."""
+    0 = every chip in this process, N = groups of chips in N local processes, or with
+    `ray_address` N Ray actors (emulator/cluster.py; 'local' starts Ray on this machine)."""
     system = sp.system
     items = [(c, p, chip_values(p, values, _rows_of(sp, c))) for c, p in enumerate(sp.chips)]
-    if workers and workers > 1 and len(items) > 1:
-        ctx = mp.get_context("spawn")
-        n = min(workers, len(items))
+    if ray_address or (workers and workers > 1 and len(items) > 1):
+        n = max(1, min(workers or len(items), len(items)))
         groups = []
         try:
-            for g in range(n):
-                groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx))
+            if ray_address:
+                cluster.connect(ray_address)
+                for g in range(n):
+                    groups.append(cluster.RayGroup(Group, items[g::n], system.slot_cycles))
+            else:
+                ctx = mp.get_context("spawn")
+                for g in range(n):
+                    groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx))
             return _drive(sp, groups, values, parallel=True)
         finally:
             for g in groups:

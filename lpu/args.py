@@ -46,6 +46,9 @@ def add_chips(p, run: bool = False) -> None:
     if run:
         p.add_argument("--workers", type=int, default=0, metavar="N",
                        help="with several chips: emulate them in N local processes (default: this one)")
+        p.add_argument("--ray", metavar="ADDRESS|auto|local", default=None,
+                       help="with several chips: emulate them as Ray actors (--workers of them, default one a chip) "
+                            "on the Ray cluster at ADDRESS (needs the `cluster` extra)")
 
 
 def add_window(p, what: str) -> None:

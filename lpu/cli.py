@@ -144,7 +144,7 @@ def cmd_run(a):
     t0 = time.perf_counter()
     from lpu.compiler.driver import CompileStats
     stats = CompileStats()
-    if cmd_system.wants_system(a, a.program):
+    if cmd_system.wants_system(a, a.program) or a.ray:
         if a.workers < 0:
             raise LpuError(f"--workers must be a non-negative integer, got {a.workers}")
         return cmd_system.cmd_run(a, stats)

@@ -84,7 +84,7 @@ def compile_for(a, stats):
     from lpu.compiler.frontend import elaborate_file
     graph = elaborate_file(path, params)
     system = SystemConfig.load(getattr(a, "system", None) or "node", machine_of(a.machine), 1)
-    chips = parse_chips(a.chips)
+    chips = parse_chips(a.chips) or 1
     t0 = time.perf_counter()
     if chips == "auto":
         sp = compile_auto(graph, system, stats)
@@ -180,7 +180,7 @@ def cmd_run(a, stats) -> int:
     values = api.inputs_for(graph, decl, a.seed, given, f"--inputs {a.inputs}")
     t0 = time.perf_counter()
     with progress.stage(f"emulating {len(sp.chips)} chips, {sp.predicted_cycles:,} cycles"):
-        result = run_system(sp, values, workers=a.workers or 0)
+        result = run_system(sp, values, workers=a.workers or 0, ray_address=a.ray)
     wall = time.perf_counter() - t0
     m = sp.system.machine
     chips = []
@@ -195,7 +195,7 @@ def cmd_run(a, stats) -> int:
             "cycles": int(result.cycles), "predicted_cycles": int(sp.predicted_cycles),
             "time_us": result.cycles / m.clock_mhz, "instructions": sum(c["instructions"] for c in chips),
             "instructions_compiled": sp.n_instructions, "wall_s": round(wall, 4), "compile_s": round(compile_s, 4),
-            "params": dict(sp.params), "workers": a.workers or 0, "windows": result.windows,
+            "params": dict(sp.params), "workers": a.workers or 0, "ray": a.ray, "windows": result.windows,
             "utilization": util, "per_chip": chips}
     if a.check:
         if graph is None:

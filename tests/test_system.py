@@ -267,3 +267,17 @@ def test_verify_checks_every_chip_and_link(mlp2):
     alone = verify_links(sp.system, [send, dataclasses.replace(recv, op=np.where(recv.op == O.RECV, O.NOP,
                                                                                    recv.op).astype(np.int32))])
     assert "link-unmatched" in {v.kind for v in alone}
+
+
+def test_ray_actors_give_the_same_result(mlp2):
+    """The `cluster` extra: chips as Ray actors on a Ray instance started on this machine."""
+    ray = pytest.importorskip("ray")
+    g, sp = mlp2
+    vals = random_values(g, 0)
+    one = run_system(sp, vals)
+    try:
+        two = run_system(sp, vals, ray_address="local")
+    finally:
+        ray.shutdown()
+    assert [c.cycles for c in one.chips] == [c.cycles for c in two.chips]
+    assert all(np.array_equal(one.outputs[k], two.outputs[k]) for k in one.outputs)
