@@ -1,21 +1,20 @@
 """Compiling for a system of chips (isa/system.py): pipeline stages (compiler/partition.py),
-each compiled by the one-chip back end (`driver.compile_graph`), joined by link transfers
-placed statically here.
+each compiled by the one-chip back end (`driver.compile_graph`) together with its link
+transfers, which its scheduler places like every other chain:
 
-A chip's program has three phases, in this order (each one's cycles known when it is built):
+  receive  per vector sent to this chip, in its link's order: a chain RECV -> WRITE (the byte
+           plane where the stage expects that input), the RECV at or after the vector's
+           arrival (its SEND + the link's latency: a marker preset to that cycle) and after the
+           link's previous RECV. They are placed first, so the stage's reads of a received
+           plane wait for its WRITE (the scheduler's data rule) and everything else goes ahead.
+  send     per vector a later stage needs: a chain READ -> SEND, placed after the stage's own
+           chains: the READ follows the plane's last write, so a value leaves as soon as it is
+           final; a link's SENDs go in order, one slot (slot_cycles) apart.
 
-  receive  per vector of a value sent to this chip: RECV on the link's queue at or after its
-           arrival (send cycle + hop_cycles), then WRITE of its byte plane where the stage's
-           body expects that input; a link's RECVs keep the order of its SENDs
-  body     the stage as compiled alone, every instruction shifted by the end of the receive phase
-  send     per vector of a value a later stage needs: READ of its byte plane, on a stream to the
-           link's edge of the chip, and SEND there; one vector per link slot (slot_cycles)
-
-Between phases a gap of n_positions + the longest latency keeps a phase's stream diagonals
-apart from the other's. Stage i is compiled after stage i-1, so its RECVs are placed knowing
-every SEND: nothing waits at run time, and the emulator reports a RECV before its vector's
-arrival as a hazard. Link transfers use stream `link % streams_per_direction`, flowing from
-the slices to the link's edge (send) or from the edge to the slices (receive).
+Stage i is compiled after stage i-1, so its RECVs are placed knowing every SEND: nothing waits
+at run time, and the emulator reports a RECV before its vector's arrival as a hazard. A stage
+that receives is compiled twice: once to learn where its inputs live (allocation does not
+depend on the schedule), then with its receives.
 """
 from __future__ import annotations
 
@@ -24,13 +23,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from lpu.compiler import partition as P
-from lpu.compiler.codegen import codegen
+from lpu.compiler.chains import ChainBuilder, Ctx
+from lpu.compiler.chainspec import Ins
 from lpu.compiler.driver import CompileStats, compile_graph
 from lpu.compiler.verify import _Expanded
 from lpu.isa import opcodes as O
 from lpu.isa.errors import CapacityError, LpuError
-from lpu.isa.machine import EAST, WEST
-from lpu.isa.opcodes import NARGS, make_ref
+from lpu.compiler.place_core import NONE
 from lpu.isa.program import Program
 from lpu.isa.system import MAX_CHIPS, SystemConfig
 
@@ -53,159 +52,110 @@ class SystemProgram:
         return sum(p.n_instructions for p in self.chips)
 
 
-class _Rows:
-    """Placed instructions being collected for codegen (it calls `take`)."""
-
-    def __init__(self):
-        self.rows = []
-
-    def add(self, cyc, q, op, args, line=0, node=-1):
-        a = list(args) + [0] * (NARGS - len(args))
-        self.rows.append((cyc, q, op, a, line, node))
-
-    def take(self):
-        r = self.rows
-        return (np.array([x[0] for x in r], np.int64), np.array([x[1] for x in r], np.int32),
-                np.array([x[2] for x in r], np.int32), np.array([x[3] for x in r], np.int32).reshape(-1, NARGS),
-                np.array([x[4] for x in r], np.int32), np.array([x[5] for x in r], np.int32))
-
-
-class _Busy:
-    """Queue cycles, bank cycles and stream diagonals taken by a transfer phase."""
-
-    def __init__(self):
-        self.q, self.bank, self.diag = set(), set(), set()
-
-    def mem_free(self, m, sl, bank, t) -> int:
-        """A free port of slice sl in cycle t with its bank free, or -1."""
-        if (sl, bank, t) in self.bank:
-            return -1
-        for port in (0, 1):
-            if (m.mem_queue(sl, port), t) not in self.q:
-                return port
-        return -1
+def _slot(sym, v: int, b: int, m) -> int:
+    """The plane slot (alloc.slot_place's numbering) of byte plane b of vector v of a symbol."""
+    return (int(sym.addrs[v, b]) * m.banks_per_slice + int(sym.banks[v, b])) * m.mem_slices + int(sym.slices[v, b])
 
 
 def _planes(sym):
-    """(slice, bank, addr) of every byte plane of a symbol, vector by vector."""
-    return [(int(sym.slices[v, b]), int(sym.banks[v, b]), int(sym.addrs[v, b]))
-            for v in range(sym.slices.shape[0]) for b in range(sym.slices.shape[1])]
+    return [(v, b) for v in range(sym.slices.shape[0]) for b in range(sym.slices.shape[1])]
 
 
-def _gap(m) -> int:
-    return m.n_positions + max(m.latency.values()) + 1
-
-
-def place_sends(system, prog, start, sends, rows, line_of):
-    """Append the send phase from cycle `start`: sends = [(name, link)]. Returns the send cycles
-    [(name, link, [cycle per vector])] and the phase's last cycle."""
+def _send_chains(system, sends, log):
+    """after(sched, reg, low): per value sent (name, link), per byte plane, a chain READ -> SEND
+    (the READ after the plane's last write, by the scheduler's data rule), each link's SENDs in
+    order one slot apart. `log[link]` receives the (name, plane) of each SEND, in link order."""
     m = system.machine
-    busy, out, last = _Busy(), [], start
-    lat = m.latency["mem_read"]
-    link_free = {}
-    for name, link in sends:
-        sym = prog.symbol(name)
-        lp = m.c2c_pos(link)
-        d = WEST if lp == 0 else EAST
-        stream = link % m.streams_per_direction
-        ref = make_ref(0, d, stream)
-        cycles = []
-        for sl, bank, addr in _planes(sym):
-            dist = abs(m.slice_pos(sl) - lp)
-            t = max(link_free.get(link, start), start + lat + dist)
-            while True:
-                r = t - lat - dist
-                port = busy.mem_free(m, sl, bank, r)
-                if port >= 0 and (d, stream, t + (lp if d == WEST else -lp)) not in busy.diag:
-                    break
-                t += 1
-            busy.q.add((m.mem_queue(sl, port), r))
-            busy.bank.add((sl, bank, r))
-            busy.diag.add((d, stream, t + (lp if d == WEST else -lp)))
-            rows.add(r, m.mem_queue(sl, port), O.READ, [bank, addr, ref], line_of(name))
-            rows.add(t, m.c2c_queue(link), O.SEND, [ref], line_of(name))
-            cycles.append(t)
-            link_free[link] = t + system.slot_cycles
-            last = max(last, t)
-        out.append((name, link, cycles))
-    return out, last
+
+    def after(sched, reg, low):
+        ctx = low.ctx
+        syms = {y.name: y for y in low.symbols}
+        for name, link, line in sends:
+            sym, q, lp = syms[name], m.c2c_queue(link), m.c2c_pos(link)
+            for v, b in _planes(sym):
+                cb = ChainBuilder(ctx, line)
+                gi = cb.read(_slot(sym, v, b, m), 1, lp, 0)
+                cb.ins.append(Ins((q,), 0, O.SEND, [0], patch=((0, gi, 0, 0),), after=((("send", link), 0),),
+                                  mark=((("send", link), system.slot_cycles),)))
+                sched.place(cb.chain())
+                log.setdefault(link, []).append((name, v, b))
+    return after
 
 
-def place_recvs(system, prog, recvs, rows, line_of):
-    """The receive phase: recvs = [(name, link, [arrival cycle per vector])] in the order the
-    link delivers them. Returns its last cycle (-1: none)."""
+def _recv_chains(system, layout, recvs):
+    """before(sched, reg): per vector received, in its link's order, a chain RECV -> WRITE with the
+    RECV at or after the vector's arrival (a marker preset to it) and after the link's previous
+    RECV. recvs: [(link, [(name, v, b, arrival, line)] in link order)]; layout: name -> Symbol."""
     m = system.machine
-    busy, last = _Busy(), -1
-    link_next = {}
-    for name, link, arrivals in recvs:
-        sym = prog.symbol(name)
-        lp = m.c2c_pos(link)
-        d = EAST if lp == 0 else WEST
-        stream = link % m.streams_per_direction
-        ref = make_ref(0, d, stream)
-        for (sl, bank, addr), arrive in zip(_planes(sym), arrivals):
-            dist = abs(m.slice_pos(sl) - lp)
-            t = max(arrive, link_next.get(link, 0))
-            while True:
-                port = busy.mem_free(m, sl, bank, t + dist)
-                if port >= 0 and (d, stream, t - (lp if d == EAST else -lp)) not in busy.diag:
-                    break
-                t += 1
-            busy.q.add((m.mem_queue(sl, port), t + dist))
-            busy.bank.add((sl, bank, t + dist))
-            busy.diag.add((d, stream, t - (lp if d == EAST else -lp)))
-            rows.add(t, m.c2c_queue(link), O.RECV, [ref], line_of(name))
-            rows.add(t + dist, m.mem_queue(sl, port), O.WRITE, [bank, addr, ref], line_of(name))
-            link_next[link] = t + 1
-            last = max(last, t + dist)
-    return last
+
+    def before(sched, reg):
+        ctx = Ctx(m, None, reg)
+        arrive = {}
+        for link, items in recvs:
+            q, lp = m.c2c_queue(link), m.c2c_pos(link)
+            for k, (name, v, b, t, line) in enumerate(items):
+                key = ("arrive", link, k)
+                arrive[reg.marker(key)] = t
+                cb = ChainBuilder(ctx, line)
+                gi = cb.write(_slot(layout[name], v, b, m), 1, lp, 0)
+                cb.ins.append(Ins((q,), 0, O.RECV, [0], patch=((0, gi, 0, 0),),
+                                  after=((key, 0), (("recv", link), 0)), mark=((("recv", link), 1),)))
+                sched.place(cb.chain())
+        sched.markers = _grown(sched.markers, len(reg.markers))
+        for i, t in arrive.items():
+            sched.markers[i] = t
+    return before
 
 
-def _body_rows(prog: Program, shift: int, rows: _Rows) -> None:
+def _grown(a, n):
+    if len(a) >= n:
+        return a
+    out = np.full(n, NONE, np.int64)
+    out[:len(a)] = a
+    return out
+
+
+def _send_cycles(prog, link: int) -> list:
     e = _Expanded(prog)
-    for i in range(len(e.cycle)):
-        src = int(e.src[i])
-        rows.rows.append((int(e.cycle[i]) + shift, int(e.queue[i]), int(e.op[i]), [int(x) for x in e.args[i]],
-                          int(prog.line[src]), int(prog.node[src])))
+    sel = (e.op == O.SEND) & (e.unit == link)
+    return sorted(int(c) for c in e.cycle[sel])
 
 
 def compile_stages(system: SystemConfig, stages: list, stats: CompileStats | None = None) -> list[Program]:
-    """Each stage's program with its link transfers (stages from partition.split)."""
+    """Each stage's program with its link transfers (stages from partition.split), in stage
+    order: a stage's receives are placed from the send cycles of the stages before it."""
     m = system.machine
-    bodies = []
+    inbound = {}                 # (to stage, link on it) -> [(name, v, b, arrival, line)] in link order
+    progs = []
     for s, st in enumerate(stages):
+        g = st.graph
+        line_of = lambda name, g=g: g.node(g.decls.get(name, g.outputs.get(name, 0))).line  # noqa: E731
+        sends = [(P.send_name(nid), system.link_between(s, to)[0], line_of(P.send_name(nid))) for nid, to in st.send]
+        log = {}
+        after = _send_chains(system, sends, log) if sends else None
         try:
-            bodies.append(compile_graph(st.graph, m, stats))
+            if st.recv:
+                layout = {y.name: y for y in compile_graph(g, m).symbols}          # where the inputs live
+                recvs = [(link, items) for (to, link), items in sorted(inbound.items()) if to == s]
+                prog = compile_graph(g, m, stats, before=_recv_chains(system, layout, recvs), after=after)
+                moved = [y.name for y in prog.symbols if y.name in layout and y != layout[y.name]]
+                if moved:
+                    raise AssertionError(f"chip {s}: the layout of {moved[0]} changed between two compilations")
+            else:
+                prog = compile_graph(g, m, stats, after=after)
         except CapacityError as e:
             raise CapacityError(f"chip {s} of {len(stages)}: {e}", **e.info) from None
-    arrivals = {}                  # (node id, to stage) -> [arrival cycle per vector]
-    progs = []
-    for s, (st, body) in enumerate(zip(stages, bodies)):
-        rows = _Rows()
-        line_of = lambda name, g=st.graph: g.node(g.decls.get(name, g.outputs.get(name, 0))).line  # noqa: E731
-        recvs = []
-        for nid, frm in st.recv:
-            link = system.link_between(frm, s)[1]
-            if (nid, s) not in arrivals:
-                raise AssertionError(f"chip {s} receives @{nid} from chip {frm}, which sends it later")
-            recvs.append((P.link_name(nid), link, arrivals[(nid, s)]))
-        recvs.sort(key=lambda r: (r[1], r[2][0]))        # per link, in the order sent
-        last = place_recvs(system, body, recvs, rows, line_of)
-        shift = last + _gap(m) if last >= 0 else 0
-        _body_rows(body, shift, rows)
-        end = shift + body.predicted_cycles
-        sends = [(nid, system.link_between(s, to)[0], to) for nid, to in st.send]
-        placed, _ = place_sends(system, body, end + _gap(m), [(P.send_name(n), lk) for n, lk, _ in sends], rows,
-                                line_of)
-        for (_, _, cycles), (nid, _, to) in zip(placed, sends):
-            arrivals[(nid, to)] = [c + system.hop_between(s, to) for c in cycles]
-        cyc = np.array([r[0] for r in rows.rows], np.int64)
-        lat = np.array(O.latency_table(m), np.int64)[np.array([r[2] for r in rows.rows], np.int64)]
-        predicted = int((cyc + lat).max()) + 1 + m.icu_skew if len(cyc) else 0
-        symbols = [_as_link(sym) if sym.name.startswith(P.LINK_PREFIX) and sym.kind == "input" else sym
-                   for sym in body.symbols]
-        prog = codegen(m, rows, symbols, body.tables, body.nodes, predicted, body.source_name, body.source_lines)
-        prog.params = dict(st.graph.params)
+        for nid, to in st.send:
+            link, back = system.link_between(s, to)
+            if (to, back) in inbound:
+                continue
+            cycles = _send_cycles(prog, link)
+            hop = system.hop_between(s, to)
+            inbound[(to, back)] = [(P.link_name(int(name[len(P.LINK_PREFIX):-1])), v, b, c + hop,
+                                    line_of(name)) for (name, v, b), c in zip(log[link], cycles)]
+        prog = replace(prog, symbols=[_as_link(y) if y.name.startswith(P.LINK_PREFIX) and y.kind == "input" else y
+                                      for y in prog.symbols])
+        prog.params = dict(g.params)
         progs.append(prog)
     return progs
 
