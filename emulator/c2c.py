@@ -26,9 +26,9 @@ H_LINK_EARLY, H_LINK_BUSY, H_LINK_UNREAD = "link-early", "link-busy", "link-unre
 
 
 class ChipRun:
-    def __init__(self, chip: int, program, values: dict, slot_cycles: int, bulk: bool = True):
+    def __init__(self, chip: int, program, values: dict, slot_cycles: int, bulk: bool = True, trace: bool = False):
         m = program.machine
-        self.chip, self.program, self.slot = chip, program, slot_cycles
+        self.chip, self.program, self.slot, self.trace = chip, program, slot_cycles, trace
         self.prep = prep = prepare(program, R.schedule)
         self.s = prep.sched
         self.mem = R.load(program, values, prep)
@@ -161,4 +161,5 @@ class ChipRun:
         return R.RunResult(
             outputs={y.name: R._fetch(mem, prep.sym_rows[y.name], y, m) for y in p.symbols if y.kind == "output"},
             states={y.name: R._fetch(mem, prep.sym_rows[y.name], y, m) for y in p.symbols if y.kind == "state"},
-            cycles=cycles, instructions=len(s.cycle), counters=counts, utilization=util)
+            cycles=cycles, instructions=len(s.cycle), counters=counts, utilization=util,
+            trace=R.Trace(s.cycle, s.src, s.repeat) if self.trace else None)

@@ -23,9 +23,9 @@ def available() -> bool:
 class RayGroup:
     """Some chips of a system in one Ray actor."""
 
-    def __init__(self, group_class, items, slot_cycles: int):
+    def __init__(self, group_class, items, slot_cycles: int, trace: bool = False):
         clean = [(c, dataclasses.replace(p), v) for c, p, v in items]
-        self.actor = _actor_class(group_class).remote(clean, slot_cycles)
+        self.actor = _actor_class(group_class).remote(clean, slot_cycles, trace)
         self.pending = None
 
     def send_step(self, until, deliveries):

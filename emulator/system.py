@@ -50,8 +50,8 @@ def _rows_of(sp, c: int) -> dict:
 class Group:
     """Some chips of a system, run in this process."""
 
-    def __init__(self, items, slot_cycles: int):
-        self.runs = {c: ChipRun(c, p, v, slot_cycles) for c, p, v in items}
+    def __init__(self, items, slot_cycles: int, trace: bool = False):
+        self.runs = {c: ChipRun(c, p, v, slot_cycles, trace=trace) for c, p, v in items}
 
     def step(self, until: int, deliveries: list):
         """Deliver [(chip, link, arrival, payload)], advance every chip to `until`. Returns
@@ -72,9 +72,9 @@ class Group:
         return {c: r.finish() for c, r in self.runs.items()}
 
 
-def _worker(conn, items, slot_cycles):
+def _worker(conn, items, slot_cycles, trace):
     try:
-        g = Group(items, slot_cycles)
+        g = Group(items, slot_cycles, trace)
         conn.send(("ok", None))
         while True:
             msg = conn.recv()
@@ -94,10 +94,10 @@ def _worker(conn, items, slot_cycles):
 class ProcessGroup:
     """Some chips of a system, run in a local worker process."""
 
-    def __init__(self, items, slot_cycles: int, ctx):
+    def __init__(self, items, slot_cycles: int, ctx, trace: bool = False):
         self.conn, child = ctx.Pipe()
         clean = [(c, dataclasses.replace(p), v) for c, p, v in items]   # without the parent's prepared state
-        self.proc = ctx.Process(target=_worker, args=(child, clean, slot_cycles), daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, clean, slot_cycles, trace), daemon=True)
         self.proc.start()
         self._get()
 
@@ -128,10 +128,12 @@ class ProcessGroup:
             self.proc.join()
 
 
-def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = None) -> SystemResult:
+def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = None,
+               trace: bool = False) -> SystemResult:
     """Run the SystemProgram `sp` on `values` (every input, weight and state, by name); workers:
     0 = every chip in this process, N = groups of chips in N local processes, or with
-    `ray_address` N Ray actors (emulator/cluster.py; 'local' starts Ray on this machine)."""
+    `ray_address` N Ray actors (emulator/cluster.py; 'local' starts Ray on this machine). With
+    `trace`, every chip's RunResult keeps its trace (emulator/system_trace.py)."""
     system = sp.system
     items = [(c, p, chip_values(p, values, _rows_of(sp, c))) for c, p in enumerate(sp.chips)]
     if ray_address or (workers and workers > 1 and len(items) > 1):
@@ -141,16 +143,16 @@ def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = Non
             if ray_address:
                 cluster.connect(ray_address)
                 for g in range(n):
-                    groups.append(cluster.RayGroup(Group, items[g::n], system.slot_cycles))
+                    groups.append(cluster.RayGroup(Group, items[g::n], system.slot_cycles, trace))
             else:
                 ctx = mp.get_context("spawn")
                 for g in range(n):
-                    groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx))
+                    groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx, trace))
             return _drive(sp, groups, values, parallel=True)
         finally:
             for g in groups:
                 g.close()
-    return _drive(sp, [Group(items, system.slot_cycles)], values, parallel=False)
+    return _drive(sp, [Group(items, system.slot_cycles, trace)], values, parallel=False)
 
 
 def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:

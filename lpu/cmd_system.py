@@ -167,9 +167,11 @@ def cmd_compile(a, stats) -> int:
 def cmd_run(a, stats) -> int:
     from lpu import api
     from lpu.emulator.system import run_system
-    for opt in ("trace", "plot", "report"):
+    for opt in ("plot", "report"):
         if getattr(a, opt, None):
             raise LpuError(f"--{opt} with several chips: not supported yet")
+    if a.cycles and not a.trace:
+        raise LpuError("--cycles needs --trace FILE.json (it is the window of cycles the trace keeps)")
     progress = Progress.for_args(a)
     t0 = time.perf_counter()
     with progress.stage(f"compiling {a.program}", lambda: compile_detail(stats)):
@@ -180,7 +182,7 @@ def cmd_run(a, stats) -> int:
     values = api.inputs_for(graph, decl, a.seed, given, f"--inputs {a.inputs}")
     t0 = time.perf_counter()
     with progress.stage(f"emulating {len(sp.chips)} chips, {sp.predicted_cycles:,} cycles"):
-        result = run_system(sp, values, workers=a.workers or 0, ray_address=a.ray)
+        result = run_system(sp, values, workers=a.workers or 0, ray_address=a.ray, trace=bool(a.trace))
     wall = time.perf_counter() - t0
     m = sp.system.machine
     chips = []
@@ -205,6 +207,8 @@ def cmd_run(a, stats) -> int:
         arrays = {**{k: np.asarray(v) for k, v in result.outputs.items()},
                   **{k: np.asarray(v) for k, v in result.states.items()}}
         write_atomic(a.save, lambda tmp: _savez(tmp, arrays))
+    if a.trace:
+        _write_trace(a, sp, result, info)
     if a.json:
         print(json.dumps(info))
     else:
@@ -222,6 +226,20 @@ def cmd_run(a, stats) -> int:
         print(f"error: the emulator's outputs differ from the reference ({info['check']['worst']})", file=sys.stderr)
         return 2
     return 0
+
+
+def _write_trace(a, sp, result, info) -> None:
+    from lpu.emulator import trace as T
+    from lpu.emulator.system_trace import system_trace
+    doc, notes = system_trace(sp, result, T.parse_window(a.cycles, result.cycles, "--cycles"))
+    for n in notes:
+        print(n, file=sys.stderr)
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(doc, f, separators=(",", ":"))
+    write_atomic(a.trace, write)
+    info["trace"] = a.trace
 
 
 def _savez(path, arrays):

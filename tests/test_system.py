@@ -281,3 +281,17 @@ def test_ray_actors_give_the_same_result(mlp2):
         ray.shutdown()
     assert [c.cycles for c in one.chips] == [c.cycles for c in two.chips]
     assert all(np.array_equal(one.outputs[k], two.outputs[k]) for k in one.outputs)
+
+
+def test_system_trace_has_a_process_per_chip_and_a_flow_per_vector(mlp2):
+    from lpu.emulator.system_trace import system_trace
+    g, sp = mlp2
+    r = run_system(sp, random_values(g, 0), trace=True)
+    doc, _ = system_trace(sp, r)
+    ev = doc["traceEvents"]
+    assert {e["pid"] for e in ev} == {1, 2}
+    starts = [e for e in ev if e["ph"] == "s"]
+    ends = {e["id"]: e for e in ev if e["ph"] == "f"}
+    assert len(starts) == len(ends) == r.chips[0].counters["link_vectors_sent"] == doc["otherData"]["flows"]
+    hop_us = sp.system.hop_cycles / sp.system.machine.clock_mhz
+    assert all(ends[e["id"]]["ts"] >= e["ts"] + hop_us - 1e-9 and ends[e["id"]]["pid"] == 2 for e in starts)
