@@ -79,6 +79,12 @@ def split_uses(graph: IRGraph, leaf: int):
     return uses or None
 
 
+def _split_versions(graph: IRGraph) -> set:
+    """The stores (new versions) of split states."""
+    return {u for leaf in graph.decls.values() for u, _ in (split_uses(graph, leaf) or ())
+            if graph.node(u).op == "store"}
+
+
 def _compute(graph: IRGraph) -> list:
     return [n for n in graph.nodes() if n.op not in LEAVES and n.op != "output"]
 
@@ -132,9 +138,13 @@ def cut_costs(graph: IRGraph):
             users = [pos[u] for u in graph.users(n.id) if u in pos]
             if users:
                 resident[min(users)] += n.nbytes
-    # value of compute node i crosses a cut before k if i < k <= last user position
+    # value of compute node i crosses a cut before k if i < k <= last user position (a split
+    # state's versions stay: each chip keeps its rows)
+    versions = _split_versions(graph)
     delta = np.zeros(k + 1, np.int64)
     for i, n in enumerate(comp):
+        if n.id in versions:
+            continue
         last = max((pos[u] for u in graph.users(n.id) if u in pos), default=i)
         if last > i:
             delta[i + 1] += n.nbytes
@@ -186,8 +196,7 @@ def split(graph: IRGraph, cuts: list[int], route=None) -> list[Stage]:
             stage_of[n.id] = s
     stages = [Stage(IRGraph(graph.source_name, graph.source), [n.id for n in comp[bounds[s]:bounds[s + 1]]])
               for s in range(len(bounds) - 1)]
-    versions = {u for leaf in graph.decls.values() for u, _ in (split_uses(graph, leaf) or ())
-                if graph.node(u).op == "store"}      # a split state's rows stay where they are
+    versions = _split_versions(graph)          # a split state's rows stay where they are
     crossings = {}                         # (node, stage) -> True
     for n in comp:
         if n.id in versions:

@@ -295,3 +295,30 @@ def test_system_trace_has_a_process_per_chip_and_a_flow_per_vector(mlp2):
     assert len(starts) == len(ends) == r.chips[0].counters["link_vectors_sent"] == doc["otherData"]["flows"]
     hop_us = sp.system.hop_cycles / sp.system.machine.clock_mhz
     assert all(ends[e["id"]]["ts"] >= e["ts"] + hop_us - 1e-9 and ends[e["id"]]["pid"] == 2 for e in starts)
+
+
+@pytest.mark.parametrize("name,params", [
+    ("llama2_7b_decode", {"L": 4, "D": 128, "H": 4, "F": 256, "C": 32, "T": 5}),
+    ("bert_large", {"L": 2, "D": 64, "H": 2, "S": 16}),
+])
+def test_programs_for_many_chips_at_small_params(small, name, params):
+    """programs/systems/: the programs that need several chips at their own params."""
+    path = os.path.join(ROOT, "programs", "systems", f"{name}.lpu")
+    with open(path) as f:
+        g = elaborate_source(f.read(), path, params)
+    sp = compile_auto(g, SystemConfig.load("node", small))
+    vals = random_values(g, 3)
+    r = run_system(sp, vals)
+    assert api.check(g, sp.chips[0], vals, r)["ok"] and r.cycles == sp.predicted_cycles
+
+
+def test_llama2_7b_cuts_fall_between_layers():
+    """At its real size (not compiled here): cuts where only the residual vector crosses."""
+    from lpu.compiler.frontend import elaborate_file
+    g = elaborate_file(os.path.join(ROOT, "programs", "systems", "llama2_7b_decode.lpu"))
+    comp, resident, crossing, allowed = cut_costs(g)
+    m = MachineConfig.load("tsp-v1")
+    chips = -(-int(resident.sum()) // m.sram_bytes)
+    assert 29 <= chips <= 33                           # 6.5 GB of i8 weights + the caches
+    cuts = choose_cuts(g, chips)
+    assert max(int(crossing[c]) for c in cuts) <= 64 * 1024
