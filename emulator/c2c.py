@@ -7,9 +7,9 @@ previous vector (less than slot_cycles since the last SEND on that link). RECV t
 vector delivered to its link; it is a hazard if none has arrived by its cycle (a vector arrives
 hop_cycles after its SEND). Its payload goes on the stream at the link's position in its cycle.
 
-`advance(until)` executes every instruction up to the first chip-to-chip instruction at cycle
-`until` or later: a chip's other instructions do not depend on other chips, so it may run past
-the window; its links never do.
+`advance(until)` executes every instruction up to the first RECV at cycle `until` or later: a
+chip's other instructions (its SENDs too) do not depend on other chips, so it may run past the
+window; only what it receives does.
 """
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ class ChipRun:
         self.inbox.setdefault(link, deque()).append((arrival, payload))
 
     def advance(self, until: int) -> list:
-        """Run up to the first chip-to-chip instruction at or after cycle `until` (or the end);
-        returns the vectors sent meanwhile: [(link, cycle, payload)]."""
+        """Run up to the first RECV at or after cycle `until` (or the end); returns the vectors
+        sent meanwhile: [(link, cycle, payload)]."""
         m, s, prep, hz = self.program.machine, self.s, self.prep, self.hz
         out = []
         while not self.done:
@@ -70,7 +70,7 @@ class ChipRun:
                 hz[:] = 0
             elif hz[0] == core.H_C2C:
                 i = self.at
-                if s.cycle[i] >= until:
+                if s.cycle[i] >= until and s.op[i] == O.RECV:
                     hz[:] = 0
                     break
                 self._c2c(i, out)

@@ -4,9 +4,9 @@ program (emulator/c2c.py); a vector sent on a link is delivered at its arrival c
 Conservative parallel simulation: every link's latency is at least W = system.min_latency
 cycles, so what a chip receives before cycle w + W was sent before cycle w. The chips advance
 window by window ([w, w + W)); after each window the vectors sent in it are delivered to their
-receivers. Windows in which no chip has a chip-to-chip instruction are skipped. A chip may
-compute past a window (only its links wait for the others), so the result does not depend on
-how the chips are grouped: all in this process (default), or in groups on `workers` local
+receivers. Windows in which no chip waits to receive are skipped. A chip may compute (and send)
+past a window: only its RECVs wait for the others, so the result does not depend on how the
+chips are grouped: all in this process (default), or in groups on `workers` local
 processes (multiprocessing), or on Ray actors (emulator/cluster.py, the `cluster` extra).
 """
 from __future__ import annotations
@@ -145,7 +145,7 @@ def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = Non
                 for g in range(n):
                     groups.append(cluster.RayGroup(Group, items[g::n], system.slot_cycles, trace))
             else:
-                ctx = mp.get_context("spawn")
+                ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
                 for g in range(n):
                     groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx, trace))
             return _drive(sp, groups, values, parallel=True)
@@ -153,6 +153,15 @@ def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = Non
             for g in groups:
                 g.close()
     return _drive(sp, [Group(items, system.slot_cycles, trace)], values, parallel=False)
+
+
+def _route(system, chip: int, link: int, t: int) -> tuple[int, int, int]:
+    """(peer chip, its link, latency) of a chip's link."""
+    peer = system.peer(chip, link)
+    if peer < 0:
+        raise LpuError(f"chip {chip} sends on link {link} at cycle {t}, which leads to no chip of this "
+                       f"{system.chips}-chip system")
+    return peer, system.link_between(chip, peer)[1], system.hop_between(chip, peer)
 
 
 def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
@@ -163,6 +172,7 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
             owner[c] = gi
     win = system.min_latency
     w, windows = 0, 0
+    routes = {}
     pending = [[] for _ in groups]
     while True:
         until = w + win
@@ -177,12 +187,11 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
         nxt = None
         for sent, n in answers:
             for c, link, t, payload in sent:
-                peer = system.peer(c, link)
-                if peer < 0:
-                    raise LpuError(f"chip {c} sends on link {link} at cycle {t}, which leads to no chip of this "
-                                   f"{system.chips}-chip system")
-                back = system.link_between(c, peer)[1]
-                pending[owner[peer]].append((peer, back, t + system.hop_between(c, peer), payload))
+                to = routes.get((c, link))
+                if to is None:
+                    to = routes[(c, link)] = _route(system, c, link, t)
+                peer, back, hop = to
+                pending[owner[peer]].append((peer, back, t + hop, payload))
             if n is not None:
                 nxt = n if nxt is None else min(nxt, n)
         if nxt is None and not any(pending):
