@@ -302,3 +302,32 @@ def cmd_verify(a) -> int:
         print("\n".join(lines), file=sys.stderr)
         return 2
     return 0
+
+
+def lpu_side(path: str, params: dict, machine, chips, emulate: bool, progress=None) -> tuple[dict, object]:
+    """`lpu compare --chips`: the LPU side of a system (its total; per line is one chip's notion),
+    and the graph."""
+    from lpu.compiler.driver import CompileStats
+    if progress:
+        progress(f"compiling {path} for {chips} chips ...")
+    a = SimpleNamespace(program=path, params=[f"{k}={v}" for k, v in params.items()], machine=machine, chips=chips)
+    sp, graph = compile_for(a, CompileStats())
+    if graph is None:
+        raise LpuError(f"{path}: compare costs the program's IR, which is rebuilt from the source a bundle carries; "
+                       f"this one carries none")
+    m = sp.system.machine
+    n = len(sp.chips)
+    out = {"machine": m.name, "clock_mhz": m.clock_mhz, "chips": n, "chips_needed": n,
+           "cycles": int(sp.predicted_cycles), "time_us": sp.predicted_cycles / m.clock_mhz, "source": "schedule",
+           "bound": f"a pipeline of {n} chips", "bound_reason": "stages run one after the other, joined by links",
+           "per_chip_cycles": [int(p.predicted_cycles) for p in sp.chips]}
+    if emulate:
+        from lpu import api
+        from lpu.emulator.system import run_system
+        if progress:
+            progress(f"emulating {n} chips, {sp.predicted_cycles:,} cycles ...")
+        values = api.inputs_for(graph, declared(sp), 0)
+        result = run_system(sp, values)
+        out.update(source="emulation", predicted_cycles=out["cycles"], cycles=int(result.cycles),
+                   time_us=result.cycles / m.clock_mhz, check=api.check(graph, sp.chips[0], values, result))
+    return out, graph

@@ -322,3 +322,16 @@ def test_llama2_7b_cuts_fall_between_layers():
     assert 29 <= chips <= 33                           # 6.5 GB of i8 weights + the caches
     cuts = choose_cuts(g, chips)
     assert max(int(crossing[c]) for c in cuts) <= 64 * 1024
+
+
+def test_compare_puts_a_system_beside_gpus(capsys):
+    import json
+    from lpu.cli import main
+    prog = os.path.join(ROOT, "programs", "systems", "llama2_7b_decode.lpu")
+    args = ["compare", prog, "-p", "L=4", "-p", "D=128", "-p", "H=4", "-p", "F=256", "-p", "C=32", "-p", "T=5",
+            "--machine", SMALL, "--chips", "auto", "--gpus", "8", "--json"]
+    assert main(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["phase"] == "decode" and d["lpu"]["chips"] == 4 and d["lpu"]["time_us"] > 0
+    assert d["lpu"]["cycles"] == max(d["lpu"]["per_chip_cycles"])
+    assert d["lpu"]["tokens_per_s"] > 0 and d["gpu"]["group"]["gpus"] == 8 and d["speedup"] > 0
