@@ -12,9 +12,9 @@ transfers, which its scheduler places like every other chain:
            final; a link's SENDs go in order, one slot (slot_cycles) apart.
 
 Stage i is compiled after stage i-1, so its RECVs are placed knowing every SEND: nothing waits
-at run time, and the emulator reports a RECV before its vector's arrival as a hazard. A stage
-that receives is compiled twice: once to learn where its inputs live (allocation does not
-depend on the schedule), then with its receives.
+at run time, and the emulator reports a RECV before its vector's arrival as a hazard. Where a
+stage's inputs live is known before it is compiled: lowering places the persistent tensors
+first, the same way whatever the schedule (checked after the compile).
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ import numpy as np
 
 from lpu.compiler import partition as P
 from lpu.compiler.chains import ChainBuilder, Ctx
-from lpu.compiler.chainspec import Ins
+from lpu.compiler.chainspec import Ins, Registry
 from lpu.compiler.driver import CompileStats, compile_graph
+from lpu.compiler.lower import Lowerer
 from lpu.compiler.verify import _Expanded
 from lpu.isa import opcodes as O
 from lpu.isa.errors import CapacityError, LpuError
@@ -115,6 +116,14 @@ def _grown(a, n):
     return out
 
 
+def _persistent_layout(graph, machine) -> dict:
+    """Where lowering puts the stage's inputs, weights and states (name -> Symbol): it places
+    them first, before any chain, and the same way whatever the schedule."""
+    low = Lowerer(graph, machine, Registry())
+    low.place_persistent()
+    return {y.name: y for y in low.symbols}
+
+
 def _send_cycles(prog, link: int) -> list:
     e = _Expanded(prog)
     sel = (e.op == O.SEND) & (e.unit == link)
@@ -135,7 +144,7 @@ def compile_stages(system: SystemConfig, stages: list, stats: CompileStats | Non
         after = _send_chains(system, sends, log) if sends else None
         try:
             if st.recv:
-                layout = {y.name: y for y in compile_graph(g, m).symbols}          # where the inputs live
+                layout = _persistent_layout(g, m)                                 # where the inputs live
                 recvs = [(link, items) for (to, link), items in sorted(inbound.items()) if to == s]
                 prog = compile_graph(g, m, stats, before=_recv_chains(system, layout, recvs), after=after)
                 moved = [y.name for y in prog.symbols if y.name in layout and y != layout[y.name]]
