@@ -96,8 +96,9 @@ class ProcessGroup:
 
     def __init__(self, items, slot_cycles: int, ctx, trace: bool = False):
         self.conn, child = ctx.Pipe()
-        clean = [(c, dataclasses.replace(p), v) for c, p, v in items]   # without the parent's prepared state
-        self.proc = ctx.Process(target=_worker, args=(child, clean, slot_cycles, trace), daemon=True)
+        if ctx.get_start_method() != "fork":       # pickled: without the parent's prepared state
+            items = [(c, dataclasses.replace(p), v) for c, p, v in items]
+        self.proc = ctx.Process(target=_worker, args=(child, items, slot_cycles, trace), daemon=True)
         self.proc.start()
         self._get()
 

@@ -179,6 +179,9 @@ def test_bundle_round_trip_and_old_readers(mlp2, tmp_path):
         decode(data)                                  # a one-chip reader says why
     with pytest.raises(BinaryError, match="checksum"):
         decode_bundle(data[:-1] + bytes([data[-1] ^ 1]))
+    from lpu.isa.asm import assemble, disassemble
+    for p in sp.chips:                                 # SEND, RECV and `link` symbols in assembly text too
+        assert assemble(disassemble(p), "chip.s") == p
 
 
 def test_cli_compile_run_disasm(small, tmp_path, capsys):
