@@ -15,8 +15,9 @@ and used in a later stage b crosses: stage a outputs it and stage b takes it as 
 named `@<node id>>` and `@<node id>` (no DSL name has an `@`), and the system compiler
 (compiler/system.py) moves it over the link from chip a to chip b.
 
-Cuts: stage i should hold about i/N of the bytes of weights and states; around each such
-point (within a tenth of a stage's bytes) the cut where the fewest bytes cross is taken.
+Cuts: each stage aims at an equal share of the bytes of weights and states not yet placed;
+around that point (within a tenth of a share) the cut where the fewest bytes cross is taken,
+among the cuts whose stage fits a chip (`choose_cuts`).
 """
 from __future__ import annotations
 
@@ -157,8 +158,12 @@ def cut_costs(graph: IRGraph):
     return comp, resident, crossing, allowed
 
 
-def choose_cuts(graph: IRGraph, chips: int) -> list[int]:
-    """Positions (into the compute nodes) where stages 1 .. chips-1 begin."""
+def choose_cuts(graph: IRGraph, chips: int, capacity: int | None = None) -> list[int]:
+    """Positions (into the compute nodes) where stages 1 .. chips-1 begin. Each stage aims at an
+    equal share of the bytes not yet placed; near that point (a tenth of a share either way) the
+    cut where the fewest bytes cross is taken. With `capacity` (bytes a chip can hold for the
+    stage's resident tensors and the values it receives and sends), only cuts within it are
+    taken while there are any (the farthest such, when none is near the aim)."""
     comp, resident, crossing, allowed = cut_costs(graph)
     k = len(comp)
     if chips > 1 and np.count_nonzero(allowed) < chips - 1:
@@ -167,20 +172,25 @@ def choose_cuts(graph: IRGraph, chips: int) -> list[int]:
     weight = resident if resident.sum() > 0 else np.ones(k, np.int64)
     before = np.concatenate([[0], np.cumsum(weight)])      # bytes before position k
     total = int(before[-1])
-    cuts = []
+    cuts, prev = [], 0
     for i in range(1, chips):
-        target = total * i / chips
-        slack = total / chips / 10
-        lo = cuts[-1] + 1 if cuts else 1
-        cand = [c for c in range(lo, k - (chips - 1 - i)) if allowed[c]]
+        share = (total - before[prev]) / (chips - i + 1)
+        target, slack = before[prev] + share, share / 10
+        cand = [c for c in range(prev + 1, k - (chips - 1 - i)) if allowed[c]]
         if not cand:
             raise ValueError(f"no place to cut the program into {chips} stages")
+        if capacity:
+            fits = [c for c in cand if before[c] - before[prev] + crossing[prev] + crossing[c] <= capacity]
+            cand = fits or cand
         near = [c for c in cand if abs(before[c] - target) <= slack]
         if near:
             best = min(near, key=lambda c: (crossing[c], abs(before[c] - target), c))
+        elif capacity and fits and before[fits[-1]] < target:
+            best = fits[-1]                  # the aim does not fit: as far as fits
         else:
             best = min(cand, key=lambda c: (abs(before[c] - target), crossing[c], c))
         cuts.append(best)
+        prev = best
     return cuts
 
 

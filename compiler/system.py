@@ -53,6 +53,9 @@ class SystemProgram:
         return sum(p.n_instructions for p in self.chips)
 
 
+FILL = 0.85      # of a chip's SRAM for a stage's resident tensors and transfers (the rest: its temporaries)
+
+
 def _slot(sym, v: int, b: int, m) -> int:
     """The plane slot (alloc.slot_place's numbering) of byte plane b of vector v of a symbol."""
     return (int(sym.addrs[v, b]) * m.banks_per_slice + int(sym.banks[v, b])) * m.mem_slices + int(sym.slices[v, b])
@@ -180,7 +183,7 @@ def compile_system(graph, system: SystemConfig, stats: CompileStats | None = Non
         prog.params = dict(graph.params)
         return SystemProgram(system, [prog], {name: 0 for name in graph.outputs}, dict(graph.params), [{}])
     try:
-        cuts = P.choose_cuts(graph, system.chips)
+        cuts = P.choose_cuts(graph, system.chips, int(system.machine.sram_bytes * FILL))
     except ValueError as e:
         raise LpuError(f"cannot split the program over {system.chips} chips: {e}") from None
     stages = P.split(graph, cuts, system.route)

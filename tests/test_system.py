@@ -338,3 +338,17 @@ def test_compare_puts_a_system_beside_gpus(capsys):
     assert d["phase"] == "decode" and d["lpu"]["chips"] == 4 and d["lpu"]["time_us"] > 0
     assert d["lpu"]["cycles"] == max(d["lpu"]["per_chip_cycles"])
     assert d["lpu"]["tokens_per_s"] > 0 and d["gpu"]["group"]["gpus"] == 8 and d["speedup"] > 0
+
+
+def test_cuts_keep_each_stage_within_a_chip_when_they_can(small):
+    """bert_base's 128 KiB matrices on 256 KiB chips: a stage holds one of them (with the small
+    ones beside it), never two; 4 layers take 12 chips, the fewest at whole-matrix grain."""
+    g = graph_of("bert_base", {"L": 4, "D": 128, "H": 2, "S": 16})
+    comp, resident, crossing, allowed = cut_costs(g)
+    cap = int(small.sram_bytes * 0.85)
+    cuts = choose_cuts(g, 12, cap)
+    b = [0] + cuts + [len(comp)]
+    sizes = [int(resident[b[i]:b[i + 1]].sum()) + int(crossing[b[i]]) + int(crossing[b[i + 1]]) for i in range(12)]
+    assert max(sizes) <= cap
+    with pytest.raises(LpuError, match="does not fit"):
+        compile_system(g, SystemConfig.load("node", small, 11))
