@@ -273,6 +273,10 @@ def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
                         g.final_states[n.attrs["name"]] = new[i]
         return new[i]
 
+    for nid in st.nodes:                     # leaves first, so that a loop's trips stay alike
+        for i in graph.node(nid).inputs:
+            if i not in mine:
+                ref(i)
     for n in graph.nodes():
         if n.id in mine:
             ins = [ref(i) for i in n.inputs]
@@ -293,11 +297,28 @@ def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
         elif n.op == "output" and stage_of.get(n.inputs[0], _leaf_stage(graph, n.inputs[0], s)) == s:
             o = g.add("output", [ref(n.inputs[0])], n.shape, n.dtype, dict(n.attrs), n.line, n.col)
             g.outputs[n.attrs["name"]] = o
+    _map_loops(graph, g, new, mine)
     for nid, _ in st.send:
         if send_name(nid) not in g.outputs:
             n = graph.node(nid)
             g.outputs[send_name(nid)] = g.add("output", [ref(nid)], n.shape, n.dtype,
                                               {"name": send_name(nid)}, n.line, n.col)
+
+
+def _map_loops(graph: IRGraph, g: IRGraph, new: dict, mine: set) -> None:
+    """The stage's part of each top-level loop's trips (`IRGraph.loops`, where the IR records
+    them: lowering replays alike trips), as node-id ranges of the stage graph."""
+    loops = getattr(graph, "loops", None)
+    if loops is None or not hasattr(g, "loops"):
+        return
+    for trips in loops:
+        mapped = []
+        for a, b in trips:
+            ids = [new[i] for i in range(a, b) if i in mine]
+            if ids and ids[-1] - ids[0] + 1 == len(ids):
+                mapped.append((ids[0], ids[-1] + 1))
+        if len(mapped) > 1:
+            g.loops.append(mapped)
 
 
 def _leaf_stage(graph: IRGraph, nid: int, s: int) -> int:
