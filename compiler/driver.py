@@ -29,21 +29,24 @@ class CompileStats:
 
 
 def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None,
-                  repeat: bool = True) -> Program:
+                  repeat: bool = True, before=None, after=None) -> Program:
     """The back end (repeat=False: no REPEAT in the stream, every instruction spelled out).
     The cyclic garbage collector is paused meanwhile: lowering creates
-    millions of small acyclic objects, and its passes over them cost more than the work."""
+    millions of small acyclic objects, and its passes over them cost more than the work.
+    before(sched, reg) places chains ahead of the program's, after(sched, reg, low) after them
+    (a chip of a system: its link receives and sends, compiler/system.py)."""
     was_enabled = gc.isenabled()
     check_size(graph, machine)            # limit 'vector_ops', before any lowering
     gc.disable()
     try:
-        return _compile_graph(graph, machine, stats, repeat)
+        return _compile_graph(graph, machine, stats, repeat, before, after)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None, repeat: bool) -> Program:
+def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None, repeat: bool,
+                   before=None, after=None) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
     graph = rewrite(graph)            # layout choices as graph rewrites (rewrite.py)
@@ -58,8 +61,11 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
         placing[0] += time.perf_counter() - t
 
     stats.stage = "lower and schedule"
-
+    if before is not None:
+        before(sched, reg)
     low = lower(graph, machine, sink, reg)
+    if after is not None:
+        after(sched, reg, low)
     t1 = time.perf_counter() - placing[0]     # lowering's own time ends here
     nodes = [(n.op, n.line) for n in graph.nodes()]
     predicted = sched.predicted_cycles()

@@ -55,12 +55,12 @@ CORE_OPS = (
     "READ", "WRITE", "GATHER", "SCATTER", "LW", "IW", "ABC", "ACC",
     "ADD", "SUB", "MUL", "DIV", "MAX", "LT", "LE", "GT", "GE", "EQ", "NE", "KEEP", "DROP", "MIN",
     "NEG", "ABS", "RELU", "CONV", "EXP", "LOG", "SQRT", "RSQRT", "TANH", "SIGMOID", "SILU", "GELU",
-    "MASK", "SHIFT", "ROTATE", "PERMUTE", "DISTRIBUTE", "TPIN", "TPOUT",
+    "MASK", "SHIFT", "ROTATE", "PERMUTE", "DISTRIBUTE", "TPIN", "TPOUT", "SEND", "RECV",
 )
 (C_READ, C_WRITE, C_GATHER, C_SCATTER, C_LW, C_IW, C_ABC, C_ACC,
  C_ADD, C_SUB, C_MUL, C_DIV, C_MAX, C_LT, C_LE, C_GT, C_GE, C_EQ, C_NE, C_KEEP, C_DROP, C_MIN,
  C_NEG, C_ABS, C_RELU, C_CONV, C_EXP, C_LOG, C_SQRT, C_RSQRT, C_TANH, C_SIGMOID, C_SILU, C_GELU,
- C_MASK, C_SHIFT, C_ROTATE, C_PERMUTE, C_DISTRIBUTE, C_TPIN, C_TPOUT) = range(len(CORE_OPS))
+ C_MASK, C_SHIFT, C_ROTATE, C_PERMUTE, C_DISTRIBUTE, C_TPIN, C_TPOUT, C_SEND, C_RECV) = range(len(CORE_OPS))
 
 # dtype codes as packed in refs: isa/dtypes.py's table
 DTYPE_NAMES = ("i8", "f16", "i32", "f32", "bf16")

@@ -42,14 +42,15 @@ TRANSPOSE_BUFFERS = 4
 # RO_CLOBBERED such a row overwritten (reading it again is a hazard: the tensor is still live)
 RO_LOADED, RO_CLOBBERED = 2, 3
 H_FLUSH = 99      # not a hazard: the host is asked to multiply out a plane's batch (see `flush`)
+H_C2C = 98        # not a hazard: a chip-to-chip instruction, which the host runs (emulator/c2c.py)
 
 # the core's units (emulator/prepare.py maps the opcode table's unit of every opcode onto these)
 # and the unit each core operation runs on: an opcode reaches a core operation only if the
 # table puts it on the same unit
-U_MEM, U_VXM, U_MXM, U_SXM = range(4)
-UNIT_CODE = {"mem": U_MEM, "vxm": U_VXM, "mxm": U_MXM, "sxm": U_SXM}
+U_MEM, U_VXM, U_MXM, U_SXM, U_C2C = range(5)
+UNIT_CODE = {"mem": U_MEM, "vxm": U_VXM, "mxm": U_MXM, "sxm": U_SXM, "c2c": U_C2C}
 _UNIT_OPS = {U_MEM: ("READ", "WRITE", "GATHER", "SCATTER"), U_MXM: ("LW", "IW", "ABC", "ACC"),
-             U_SXM: ("SHIFT", "ROTATE", "PERMUTE", "DISTRIBUTE", "TPIN", "TPOUT")}
+             U_SXM: ("SHIFT", "ROTATE", "PERMUTE", "DISTRIBUTE", "TPIN", "TPOUT"), U_C2C: ("SEND", "RECV")}
 CORE_UNIT_OF = {name: next((u for u, names in _UNIT_OPS.items() if name in names), U_VXM) for name in CORE_OPS}
 
 # counters
@@ -518,8 +519,9 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
             naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, bulk_min, hz, counters):
     """Execute the sorted instruction list from `start`; returns where it stopped: the end, the
     instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
-    H_FLUSH: call again from there). Dispatch is by each instruction's core unit (`cunit`), then
-    by its core operation."""
+    H_FLUSH: call again from there), or a chip-to-chip instruction (hz[0] == H_C2C: the host runs
+    it, emulator/c2c.py, and calls again from the next). Dispatch is by each instruction's core
+    unit (`cunit`), then by its core operation."""
     (ring, bank_last, lbuf, lw_dt, _, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
      pend_n, order) = ws
     sa = np.zeros((4, lanes), np.uint8)
@@ -535,6 +537,9 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     for i in range(start, cyc.shape[0]):
         t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
         p = upos[i]
+        if u == U_C2C:
+            hz[0] = H_C2C
+            return i
         if u == U_MEM:
             ok = mem_exec(op, a, uidx[i], p, t, i, lat[i], spd, naddr, mem, valid, bank_base, bank_lo, bank_last,
                           ring, sa, sb, hz, counters)

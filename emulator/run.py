@@ -376,6 +376,9 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) 
                           m.lanes, m.streams_per_direction, m.acc_rows, m.f16_pair_cycles,
                           m.addresses_per_bank, prep.bank_base, prep.bank_lo, mem, valid, prep.tables, F16_TO_F32,
                           prep.workspace, BULK_MIN if bulk else 0, hz, counters)
+        if hz[0] == core.H_C2C:
+            raise LpuError(f"{program.source_name or 'the program'}: instruction {int(s.src[at])} sends or receives "
+                           f"over a chip-to-chip link: it is one chip of a system; run the system (lpu run --chips)")
         if hz[0] != core.H_FLUSH:
             break
         _bulk(prep.workspace, int(hz[3]))

@@ -24,7 +24,7 @@ import numpy as np
 from lpu.emulator.run import Trace
 from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
-from lpu.isa.machine import MXM_ACC, MXM_CTL, MXM_LW, UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
+from lpu.isa.machine import MXM_ACC, MXM_CTL, MXM_LW, UNIT_C2C, UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
 from lpu.isa.program import Program
 
 MEM_GROUP = 8            # MEM slices per track
@@ -36,7 +36,7 @@ MNEMONIC = {
     "ACC": "AC", "ADD": "+", "SUB": "-", "MUL": "*", "DIV": "/", "MAX": "mx", "MIN": "mn", "NEG": "ng",
     "ABS": "ab", "RELU": "re", "CONV": "cv", "EXP": "ex", "LOG": "lg", "SQRT": "sq", "RSQRT": "rs",
     "TANH": "th", "SIGMOID": "sg", "SILU": "si", "GELU": "ge", "MASK": "mk", "SHIFT": "SH", "ROTATE": "RO",
-    "PERMUTE": "PE", "DISTRIBUTE": "DI", "TPIN": "TI", "TPOUT": "TO",
+    "PERMUTE": "PE", "DISTRIBUTE": "DI", "TPIN": "TI", "TPOUT": "TO", "SEND": "SN", "RECV": "RV",
     "LT": "<", "LE": "<=", "GT": ">", "GE": ">=", "EQ": "==", "NE": "!=", "KEEP": "kp", "DROP": "dp",
 }
 HELD = "--"              # diagram cell: the unit is still held by an earlier instruction
@@ -74,6 +74,8 @@ def tracks(m) -> tuple[list, np.ndarray]:
     add("SXM 1", "sxm", (UNIT_SXM, 1))
     mxm(range(half, m.mxm_planes))
     add("ICU", "icu", UNIT_ICU)
+    if m.c2c_links:
+        add("C2C", "c2c", UNIT_C2C)
 
     def key(kind, idx, role):
         return {UNIT_MXM: (kind, idx, role), UNIT_MEM: (kind, idx), UNIT_SXM: (kind, idx)}.get(kind, kind)

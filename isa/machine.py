@@ -14,7 +14,9 @@ Floorplan of a superlane, west to east (positions on the east-west axis, one hop
 
 Instruction queues (the ICU's), in this order: one ICU queue, two per MEM slice (ports 0 and 1;
 each may address either bank), one per VXM ALU, per MXM plane `lw_ports` LW queues + one
-compute queue (IW, ABC) + one ACC queue, and `sxm_queues` per SXM.
+compute queue (IW, ABC) + one ACC queue, `sxm_queues` per SXM, and one per chip-to-chip link
+(`c2c.links`; isa/system.py): links 0 .. L/2-1 meet the streams at the west edge (position 0),
+the others at the east edge (an assumption: P22 does not place them).
 """
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ from lpu.isa.limits import how_to_raise, limit
 MACHINES_DIR = os.path.join(os.path.dirname(__file__), "machines")
 
 # unit kinds (plain ints: they go into Numba code)
-UNIT_ICU, UNIT_MEM, UNIT_VXM, UNIT_MXM, UNIT_SXM = 0, 1, 2, 3, 4
-UNIT_NAMES = ("icu", "mem", "vxm", "mxm", "sxm")
+UNIT_ICU, UNIT_MEM, UNIT_VXM, UNIT_MXM, UNIT_SXM, UNIT_C2C = 0, 1, 2, 3, 4, 5
+UNIT_NAMES = ("icu", "mem", "vxm", "mxm", "sxm", "c2c")
 # MXM queue roles
 MXM_LW, MXM_CTL, MXM_ACC = 0, 1, 2
 
@@ -59,6 +61,7 @@ FIELD_RANGE = {
     "icu_skew": (0, 4096),
 }
 MAX_LATENCY = 1024
+MAX_LINKS = 64        # chip-to-chip links (P22: 16)
 
 
 def _int_field(where: str, key: str, v, low: int) -> int:
@@ -181,6 +184,10 @@ class MachineConfig:
             raise ConfigError(f"{w}: field 'streams_per_direction' must be at most 64")
         if self.mxm_planes_per_hemisphere % 2:
             raise ConfigError(f"{w}: field 'mxm_planes_per_hemisphere' must be even (f16 uses plane pairs)")
+        links = self.c2c.get("links", 0)
+        if not isinstance(links, int) or not 0 <= links <= MAX_LINKS:
+            raise ConfigError(f"{w}: field 'c2c.links' must be an integer in 0..{MAX_LINKS} (one instruction queue "
+                              f"per link), got {links!r}")
         if self.acc_rows < 1 or self.lw_ports_per_plane > self.lanes:
             raise ConfigError(f"{w}: field 'lw_ports_per_plane' must be at most the lane count")
         if self.emulator_bytes() > limit("machine_bytes"):
@@ -257,7 +264,19 @@ class MachineConfig:
         for h in range(2):
             for i in range(self.sxm_queues_per_hemisphere):
                 q.append((f"sxm{h}.{i}", UNIT_SXM, h, i, self.sxm_pos(h)))
+        for link in range(self.c2c_links):
+            q.append((f"c2c{link}", UNIT_C2C, link, 0, self.c2c_pos(link)))
         return tuple(q)
+
+    @property
+    def c2c_links(self) -> int:
+        return int(self.c2c.get("links", 0))
+
+    def c2c_pos(self, link: int) -> int:
+        return 0 if link < self.c2c_links // 2 else self.n_positions - 1
+
+    def c2c_queue(self, link: int) -> int:
+        return len(self.queues) - self.c2c_links + link
 
     @cached_property
     def queue_index(self) -> dict:

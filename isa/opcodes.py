@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lpu.isa import dtypes as _dtypes
-from lpu.isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
+from lpu.isa.machine import UNIT_C2C, UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
 
 NARGS = 6
 
@@ -134,6 +134,13 @@ TPIN = _op("TPIN", UNIT_SXM, [("inp", R), ("buf", I), ("row", I)], "", 1,
            doc="transpose buffer buf+b row = byte plane b of inp")
 TPOUT = _op("TPOUT", UNIT_SXM, [("buf", I), ("col", I), ("out", R)], "sxm", 0,
             doc="byte plane b of out = column col of transpose buffer buf+b")
+# --- C2C (the queue of a chip-to-chip link; isa/system.py, docs/system.md): one 320-byte vector
+#     (one byte plane) per instruction; a link carries one vector per slot (`slot_cycles`) and
+#     delivers it `hop_cycles` after the SEND; vectors arrive in the order sent -------------------
+SEND = _op("SEND", UNIT_C2C, [("inp", R)], "", 1,
+           doc="send the byte plane on stream inp over the queue's link (it arrives hop_cycles later)")
+RECV = _op("RECV", UNIT_C2C, [("out", R)], "", 0,
+           doc="put the oldest vector that arrived on the queue's link on stream out (issue + 0)")
 
 OPS: tuple[OpSpec, ...] = tuple(_TABLE)
 # fingerprint of the instruction set: binaries record it, so one built before the table changed

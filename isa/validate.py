@@ -17,7 +17,7 @@ from lpu.isa.limits import how_to_raise, limit
 from lpu.isa.machine import UNIT_SXM, UNIT_VXM
 from lpu.isa.program import Program, vector_grid
 
-KINDS = ("input", "weight", "state", "output", "const")
+KINDS = ("input", "weight", "state", "output", "const", "link")   # link: received over a C2C link (isa/system.py)
 LAYOUT = ("slices", "banks", "addrs")
 
 

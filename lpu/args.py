@@ -38,6 +38,19 @@ def add_common(p, compiles: bool = True) -> None:
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
 
 
+def add_chips(p, run: bool = False) -> None:
+    """`--chips N|auto` (a system of chips, lpu/cmd_system.py) and, for run, `--workers N`."""
+    p.add_argument("--chips", metavar="N|auto", default=None,
+                   help="partition the program over N chips of a node (pipeline parallel; isa/systems/node.toml), "
+                        "or the fewest that fit ('auto')")
+    if run:
+        p.add_argument("--workers", type=int, default=0, metavar="N",
+                       help="with several chips: emulate them in N local processes (default: this one)")
+        p.add_argument("--ray", metavar="ADDRESS|auto|local", default=None,
+                       help="with several chips: emulate them as Ray actors (--workers of them, default one a chip) "
+                            "on the Ray cluster at ADDRESS (needs the `cluster` extra)")
+
+
 def add_window(p, what: str) -> None:
     """`--cycles A:B`, the one name of a cycle window on every command."""
     p.add_argument("--cycles", metavar="A:B", help=f"window of cycles {what}")

@@ -4,6 +4,7 @@ internal errors: exit code 1 with a request to report it; --debug shows the trac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -12,8 +13,8 @@ import tomllib
 
 import numpy as np
 
-from lpu import cmd_trace, cmd_verify, compare, demo
-from lpu.args import Progress, add_common, add_window, compile_detail, parse_params
+from lpu import cmd_system, cmd_trace, cmd_verify, compare, demo
+from lpu.args import Progress, add_chips, add_common, add_window, compile_detail, parse_params
 from lpu.isa.errors import LpuError
 from lpu.isa import limits
 from lpu.outputs import check_outputs
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("program", help="PROG.lpu")
     p.add_argument("-o", dest="output", metavar="PROG.lpubin", help="write the binary here")
     p.add_argument("--emit", choices=["ir", "asm", "schedule"], help="print the IR, assembly or schedule")
+    add_chips(p)
     add_common(p)
     p = sub.add_parser("run", help="compile (or load) and emulate a program cycle by cycle")
     p.add_argument("program", help="PROG.lpu or PROG.lpubin")
@@ -55,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_window(p, "for --trace (default: the whole run, up to the event bound)")
     p.add_argument("--report", action="store_true", help="print utilization and bottleneck report")
     p.add_argument("--plot", metavar="OUT.png", help="draw utilization over time to this PNG (needs matplotlib)")
+    add_chips(p, run=True)
     add_common(p)
     p = sub.add_parser("disasm", help="print a .lpubin as assembly text")
     p.add_argument("binary", help="PROG.lpubin")
@@ -74,7 +77,9 @@ def cmd_compile(a):
     from lpu.isa.encoding import save
     from lpu.compiler.driver import CompileStats
     stats = CompileStats()
-    with Progress.for_args(a).stage(f"compiling {a.program}", lambda: compile_detail(stats)):
+    if cmd_system.wants_system(a, a.program):
+        return cmd_system.cmd_compile(a, stats)
+    with Progress.for_args(a).stage(f"compiling {a.program}", lambda: compile_detail(stats)), _chips_hint():
         prog, graph = api.compile(a.program, parse_params(a.params), a.machine, stats)
     if a.output:
         api.write_atomic(a.output, lambda tmp: save(prog, tmp))
@@ -96,6 +101,16 @@ def cmd_compile(a):
               f"({info['time_us']:.2f} us at {prog.machine.clock_mhz} MHz), {info['sram_bytes']:,} bytes of SRAM"
               + (f", written to {a.output}" if a.output else ""))
     return 0
+
+
+@contextlib.contextmanager
+def _chips_hint():
+    """A program too large for one chip: today's error, plus the way out (--chips)."""
+    from lpu.isa.errors import CapacityError
+    try:
+        yield
+    except CapacityError as e:
+        raise cmd_system.fits_hint(e) from None
 
 
 def _compile_info(prog, graph, stats) -> dict:
@@ -130,7 +145,11 @@ def cmd_run(a):
     t0 = time.perf_counter()
     from lpu.compiler.driver import CompileStats
     stats = CompileStats()
-    with progress.stage(f"compiling {a.program}", lambda: compile_detail(stats)):
+    if cmd_system.wants_system(a, a.program) or a.ray:
+        if a.workers < 0:
+            raise LpuError(f"--workers must be a non-negative integer, got {a.workers}")
+        return cmd_system.cmd_run(a, stats)
+    with progress.stage(f"compiling {a.program}", lambda: compile_detail(stats)), _chips_hint():
         prog, graph = api.compile(a.program, parse_params(a.params), a.machine, stats, graph=a.check)
     compile_s = time.perf_counter() - t0
     given = api.load_npz(a.inputs, prog) if a.inputs else {}
@@ -186,6 +205,8 @@ def _savez(path, arrays):
 def cmd_disasm(a):
     from lpu.isa.asm import disassemble
     from lpu.isa.encoding import load_binary
+    if cmd_system.wants_system(a, a.binary):
+        return cmd_system.cmd_disasm(a)
     prog = load_binary(a.binary)
     text = disassemble(prog)
     if a.output:

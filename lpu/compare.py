@@ -17,7 +17,8 @@ import json
 
 import numpy as np
 
-from lpu.args import parse_params, progress_lines
+from lpu import cmd_system
+from lpu.args import add_chips, parse_params, progress_lines
 from lpu.isa.errors import CapacityError, LpuError
 
 DEFAULT_SWEEP = {"S": [16, 32, 64, 128]}
@@ -82,8 +83,9 @@ def _line_ratio(lpu_us, lpu_total, gpu_us, gpu_total):
 
 def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = False,
                   capacity: CapacityError | None = None, machine_name: str | None = None, progress=None,
-                  gpus: int = 1) -> dict:
-    """The comparison as a JSON-ready dict. `program` None (with `capacity`): GPU side only.
+                  gpus: int = 1, system_lpu: dict | None = None) -> dict:
+    """The comparison as a JSON-ready dict. `program` None (with `capacity`): GPU side only; with
+    `system_lpu` (lpu/cmd_system.py lpu_side): a system of chips, in total only.
     gpus > 1 adds out["gpu"]["group"]: the graph split over a tensor-parallel group of that many."""
     from lpu.gpu_baseline.model import BOUNDS, cost_graph, is_decode
     cost = cost_graph(graph, gpu, launch)
@@ -94,6 +96,8 @@ def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = F
     decode = is_decode(graph)
     if program is not None:
         lpu = _lpu_side(program, graph, emulate, progress)
+    elif system_lpu is not None:
+        lpu = dict(system_lpu, per_line_cycles={})
     else:
         info = capacity.info if capacity is not None else {}
         lpu = {"machine": machine_name, "cycles": None, "time_us": None, "per_line_cycles": {},
@@ -143,13 +147,16 @@ def compare_graph(program, graph, gpu, launch: str = "stream", emulate: bool = F
 
 
 def compare(path: str, params: dict | None = None, machine=None, gpu="h100-sxm", launch: str = "stream",
-            emulate: bool = False, progress=None, gpus: int = 1) -> dict:
+            emulate: bool = False, progress=None, gpus: int = 1, chips=None) -> dict:
     """Compile `path` (elaborate only, if it does not fit one chip) and compare; `progress(text)`
-    hears about each stage."""
+    hears about each stage. chips (N or 'auto'): the LPU side is a system of chips."""
     from lpu.gpu_baseline.gpus import GpuConfig, load_gpu
     from lpu import api
     gpu = gpu if isinstance(gpu, GpuConfig) else load_gpu(gpu)
     gpu.launch_us(launch)                                   # a bad launch mode fails before compiling
+    if chips is not None:
+        lpu, graph = cmd_system.lpu_side(path, params or {}, machine, chips, emulate, progress)
+        return compare_graph(None, graph, gpu, launch, gpus=gpus, system_lpu=lpu)
     if progress:
         progress(f"compiling {path} ...")
     try:
@@ -238,6 +245,7 @@ def format_compare(d: dict) -> str:
                    f"({lpu['bytes_needed']:,} bytes, {lpu['bytes_available']:,} per chip), so no LPU time")
     else:
         src = "emulated" if lpu["source"] == "emulation" else "from the compiled schedule"
+        src += f", {lpu['chips']} chips" if lpu.get("chips", 1) > 1 else ""
         out.append(f"LPU: {lpu['cycles']:,} cycles at {lpu['clock_mhz']} MHz = {_us(lpu['time_us'])} us ({src})"
                    + (f"; check {'ok' if lpu['check']['ok'] else 'MISMATCH'}" if "check" in lpu else "")
                    + f"; {lpu['bound']}")
@@ -324,6 +332,7 @@ def add_parser(sub, common):
     p.add_argument("--gpus", type=int, choices=[1, 2, 4, 8], default=1,
                    help="also cost a tensor-parallel group of this many GPUs (NVLink all-reduces)")
     p.add_argument("--emulate", action="store_true", help="LPU times from emulation instead of the schedule")
+    add_chips(p)
     p.add_argument("--plot", help="draw the comparison (or the sweep) to this PNG (needs matplotlib)")
     p.add_argument("--sweep", metavar="NAME=V1,V2,...",
                    help="recompile for each value of a param (default values for S: "
@@ -347,7 +356,10 @@ def cmd_compare(a):
         else:
             print(format_sweep(rows, gpu.name))
         return 0
-    d = compare(a.program, params, a.machine, gpu, a.launch, a.emulate, progress=progress_lines(a), gpus=a.gpus)
+    if a.chips and a.sweep:
+        raise LpuError("--sweep with --chips: not supported yet")
+    d = compare(a.program, params, a.machine, gpu, a.launch, a.emulate, progress=progress_lines(a), gpus=a.gpus,
+                chips=a.chips)
     if a.plot:
         plot_ops(d, a.plot)
     print(json.dumps(d) if a.json else format_compare(d))

@@ -11,9 +11,10 @@ PATH = os.path.join(ROOT, "docs", "isa.md")
 
 def render() -> str:
     from lpu.isa import opcodes as O
-    from lpu.isa.machine import UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
+    from lpu.isa.machine import UNIT_C2C, UNIT_ICU, UNIT_MEM, UNIT_MXM, UNIT_SXM, UNIT_VXM
     units = {UNIT_ICU: "ICU (any queue)", UNIT_MEM: "MEM (a slice's queue)", UNIT_MXM: "MXM (a plane's queues)",
-             UNIT_VXM: "VXM (an ALU's queue)", UNIT_SXM: "SXM (a hemisphere's queues)"}
+             UNIT_VXM: "VXM (an ALU's queue)", UNIT_SXM: "SXM (a hemisphere's queues)",
+             UNIT_C2C: "C2C (a chip-to-chip link's queue; docs/system.md)"}
     out = ["# The instruction set", "",
            "Generated from `isa/opcodes.py` by `python -m tools.isadoc`; do not edit by hand. The encoder,",
            "decoder, assembler, disassembler, emulator dispatch, scheduler and checker all derive from that",

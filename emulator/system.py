@@ -1,0 +1,216 @@
+"""Running a system of chips (compiler/system.py's `SystemProgram`): every chip runs its own
+program (emulator/c2c.py); a vector sent on a link is delivered at its arrival cycle.
+
+Conservative parallel simulation: every link's latency is at least W = system.min_latency
+cycles, so what a chip receives before cycle w + W was sent before cycle w. The chips advance
+window by window ([w, w + W)); after each window the vectors sent in it are delivered to their
+receivers. Windows in which no chip waits to receive are skipped. A chip may compute (and send)
+past a window: only its RECVs wait for the others, so the result does not depend on how the
+chips are grouped: all in this process (default), or in groups on `workers` local
+processes (multiprocessing), or on Ray actors (emulator/cluster.py, the `cluster` extra).
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+from dataclasses import dataclass
+
+import numpy as np
+
+from lpu.emulator import cluster
+from lpu.emulator.c2c import ChipRun
+from lpu.isa.errors import LpuError
+
+LOADED = ("input", "weight", "state")
+
+
+@dataclass
+class SystemResult:
+    outputs: dict
+    states: dict
+    cycles: int               # the system's: the last chip's
+    chips: list               # [RunResult] per chip
+    windows: int
+
+
+def chip_values(program, values: dict, rows: dict) -> dict:
+    """The values a chip loads: a split tensor's rows of axis 0 (`rows`: name -> (start, stop))."""
+    out = {}
+    for s in program.symbols:
+        if s.kind in LOADED and s.name in values:
+            v = values[s.name]
+            out[s.name] = v[rows[s.name][0]:rows[s.name][1]] if s.name in rows else v
+    return out
+
+
+def _rows_of(sp, c: int) -> dict:
+    return sp.rows[c] if getattr(sp, "rows", None) else {}
+
+
+class Group:
+    """Some chips of a system, run in this process."""
+
+    def __init__(self, items, slot_cycles: int, trace: bool = False):
+        self.runs = {c: ChipRun(c, p, v, slot_cycles, trace=trace) for c, p, v in items}
+
+    def step(self, until: int, deliveries: list):
+        """Deliver [(chip, link, arrival, payload)], advance every chip to `until`. Returns
+        (sent [(chip, link, cycle, payload)], next: the earliest cycle a paused chip waits at, or
+        None when all are done)."""
+        for c, link, arrival, payload in deliveries:
+            self.runs[c].deliver(link, arrival, payload)
+        sent, nxt = [], None
+        for c, r in self.runs.items():
+            for link, t, payload in r.advance(until):
+                sent.append((c, link, t, payload))
+            if not r.done:
+                t = int(r.s.cycle[r.at])
+                nxt = t if nxt is None else min(nxt, t)
+        return sent, nxt
+
+    def finish(self) -> dict:
+        return {c: r.finish() for c, r in self.runs.items()}
+
+
+def _worker(conn, items, slot_cycles, trace):
+    try:
+        g = Group(items, slot_cycles, trace)
+        conn.send(("ok", None))
+        while True:
+            msg = conn.recv()
+            if msg[0] == "step":
+                conn.send(("ok", g.step(msg[1], msg[2])))
+            elif msg[0] == "finish":
+                conn.send(("ok", g.finish()))
+                return
+            else:
+                return
+    except LpuError as e:
+        conn.send(("error", e))
+    except Exception as e:  # noqa: BLE001  (an internal error: the parent raises it)
+        conn.send(("crash", repr(e)))
+
+
+class ProcessGroup:
+    """Some chips of a system, run in a local worker process."""
+
+    def __init__(self, items, slot_cycles: int, ctx, trace: bool = False):
+        self.conn, child = ctx.Pipe()
+        if ctx.get_start_method() != "fork":       # pickled: without the parent's prepared state
+            items = [(c, dataclasses.replace(p), v) for c, p, v in items]
+        self.proc = ctx.Process(target=_worker, args=(child, items, slot_cycles, trace), daemon=True)
+        self.proc.start()
+        self._get()
+
+    def _get(self):
+        kind, val = self.conn.recv()
+        if kind == "error":
+            raise val
+        if kind == "crash":
+            raise RuntimeError(f"system worker failed: {val}")
+        return val
+
+    def send_step(self, until, deliveries):
+        self.conn.send(("step", until, deliveries))
+
+    def step(self, until, deliveries):
+        self.send_step(until, deliveries)
+        return self._get()
+
+    def finish(self):
+        self.conn.send(("finish",))
+        out = self._get()
+        self.proc.join()
+        return out
+
+    def close(self):
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
+def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = None,
+               trace: bool = False) -> SystemResult:
+    """Run the SystemProgram `sp` on `values` (every input, weight and state, by name); workers:
+    0 = every chip in this process, N = groups of chips in N local processes, or with
+    `ray_address` N Ray actors (emulator/cluster.py; 'local' starts Ray on this machine). With
+    `trace`, every chip's RunResult keeps its trace (emulator/system_trace.py)."""
+    system = sp.system
+    items = [(c, p, chip_values(p, values, _rows_of(sp, c))) for c, p in enumerate(sp.chips)]
+    if ray_address or (workers and workers > 1 and len(items) > 1):
+        n = max(1, min(workers or len(items), len(items)))
+        groups = []
+        try:
+            if ray_address:
+                cluster.connect(ray_address)
+                for g in range(n):
+                    groups.append(cluster.RayGroup(Group, items[g::n], system.slot_cycles, trace))
+            else:
+                ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+                for g in range(n):
+                    groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx, trace))
+            return _drive(sp, groups, values, parallel=True)
+        finally:
+            for g in groups:
+                g.close()
+    return _drive(sp, [Group(items, system.slot_cycles, trace)], values, parallel=False)
+
+
+def _route(system, chip: int, link: int, t: int) -> tuple[int, int, int]:
+    """(peer chip, its link, latency) of a chip's link."""
+    peer = system.peer(chip, link)
+    if peer < 0:
+        raise LpuError(f"chip {chip} sends on link {link} at cycle {t}, which leads to no chip of this "
+                       f"{system.chips}-chip system")
+    return peer, system.link_between(chip, peer)[1], system.hop_between(chip, peer)
+
+
+def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
+    system = sp.system
+    owner = {}
+    for gi, g in enumerate(groups):
+        for c in (g.runs if isinstance(g, Group) else range(gi, len(sp.chips), len(groups))):
+            owner[c] = gi
+    win = system.min_latency
+    w, windows = 0, 0
+    routes = {}
+    pending = [[] for _ in groups]
+    while True:
+        until = w + win
+        if parallel:
+            for g, d in zip(groups, pending):
+                g.send_step(until, d)
+            answers = [g._get() for g in groups]
+        else:
+            answers = [g.step(until, d) for g, d in zip(groups, pending)]
+        windows += 1
+        pending = [[] for _ in groups]
+        nxt = None
+        for sent, n in answers:
+            for c, link, t, payload in sent:
+                to = routes.get((c, link))
+                if to is None:
+                    to = routes[(c, link)] = _route(system, c, link, t)
+                peer, back, hop = to
+                pending[owner[peer]].append((peer, back, t + hop, payload))
+            if n is not None:
+                nxt = n if nxt is None else min(nxt, n)
+        if nxt is None and not any(pending):
+            break
+        w = until if nxt is None else max(until, nxt // win * win)
+    results = {}
+    for g in groups:
+        results.update(g.finish())
+    chips = [results[c] for c in range(len(sp.chips))]
+    outputs, states = {}, {}
+    for name, c in sp.outputs.items():
+        outputs[name] = chips[c].outputs[name]
+    for c, r in enumerate(chips):            # a split state: each chip's rows put back in place
+        rows = _rows_of(sp, c)
+        for name, arr in r.states.items():
+            if name in rows:
+                whole = states.setdefault(name, np.array(values[name], copy=True))
+                whole[rows[name][0]:rows[name][1]] = arr
+            else:
+                states[name] = arr
+    return SystemResult(outputs, states, max(r.cycles for r in chips), chips, windows)

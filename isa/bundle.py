@@ -1,0 +1,99 @@
+"""The multi-chip bundle: every chip's program of a system in one file (`.lpubin`, like a
+one-chip binary, told apart by its version).
+
+Layout (all integers little-endian):
+
+    magic       8 bytes  b"\\x89LPUBIN\\n" (isa/encoding.py's)
+    version     u16      BUNDLE_VERSION (a one-chip binary has encoding.FORMAT_VERSION, so an lpu
+                         that reads only those refuses a bundle by its version, with a message)
+    length      u32      bytes after this field, up to and including the checksum
+    header      u32 length, then JSON: {"system": SystemConfig.to_dict(), "outputs": {name: chip},
+                "params": {...}, "chips": N, "rows": [{name: [start, stop]} per chip]: the rows
+                of axis 0 of each split tensor a chip holds (compiler/partition.py)}
+    chips       N times: u32 length, then the chip's program as a one-chip .lpubin (encoding.encode)
+    checksum    u32      CRC-32 of everything before it
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+import zlib
+
+from lpu.isa import encoding as E
+from lpu.isa.errors import BinaryError
+from lpu.isa.system import SystemConfig
+
+BUNDLE_VERSION = 1001
+_PRE = len(E.MAGIC) + 6
+
+
+def is_bundle(data: bytes) -> bool:
+    return (len(data) >= _PRE and data[:len(E.MAGIC)] == E.MAGIC
+            and struct.unpack_from("<H", data, len(E.MAGIC))[0] == BUNDLE_VERSION)
+
+
+def encode_bundle(sp) -> bytes:
+    """Bytes of a SystemProgram (compiler/system.py)."""
+    rows = [{k: list(v) for k, v in r.items()} for r in (sp.rows or [{} for _ in sp.chips])]
+    head = json.dumps({"system": sp.system.to_dict(), "outputs": dict(sp.outputs), "params": dict(sp.params),
+                       "chips": len(sp.chips), "rows": rows}, sort_keys=True).encode()
+    body = [struct.pack("<I", len(head)), head]
+    for p in sp.chips:
+        blob = E.encode(p)
+        body += [struct.pack("<I", len(blob)), blob]
+    rest = b"".join(body)
+    data = E.MAGIC + struct.pack("<HI", BUNDLE_VERSION, len(rest) + 4) + rest
+    return data + struct.pack("<I", zlib.crc32(data))
+
+
+def decode_bundle(data: bytes):
+    """(SystemConfig, [Program], outputs, params, rows) of bundle bytes."""
+    if not is_bundle(data):
+        raise BinaryError("not a system bundle")
+    total = _PRE + struct.unpack_from("<I", data, len(E.MAGIC) + 2)[0]
+    if len(data) != total:
+        raise BinaryError(f"{'truncated' if len(data) < total else 'corrupt'} system bundle: {len(data)} bytes, "
+                          f"its header says {total}")
+    if struct.unpack_from("<I", data, total - 4)[0] != zlib.crc32(data[:total - 4]):
+        raise BinaryError("corrupt system bundle: checksum mismatch (the file was damaged)")
+    pos = _PRE
+    try:
+        (n,) = struct.unpack_from("<I", data, pos)
+        head = json.loads(data[pos + 4:pos + 4 + n].decode())
+        pos += 4 + n
+        system = SystemConfig.from_stored(head["system"])
+        progs = []
+        for c in range(int(head["chips"])):
+            (n,) = struct.unpack_from("<I", data, pos)
+            try:
+                progs.append(E.decode(data[pos + 4:pos + 4 + n], system.machine))
+            except BinaryError as e:
+                raise BinaryError(f"chip {c}: {e.message}") from None
+            pos += 4 + n
+    except (struct.error, ValueError, KeyError, TypeError) as e:
+        raise BinaryError(f"corrupt system bundle: {e}") from None
+    if pos != total - 4 or len(progs) != system.chips:
+        raise BinaryError("corrupt system bundle: its chip programs do not fill it")
+    outputs = {str(k): int(v) for k, v in head["outputs"].items()}
+    try:
+        rows = [{str(k): (int(v[0]), int(v[1])) for k, v in r.items()} for r in head["rows"]]
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        raise BinaryError("corrupt system bundle: bad 'rows' in its header") from None
+    if len(rows) != len(progs):
+        raise BinaryError("corrupt system bundle: 'rows' does not list every chip")
+    return system, progs, outputs, dict(head["params"]), rows
+
+
+def save_bundle(sp, path: str) -> None:
+    data = encode_bundle(sp)
+    fd, tmp = tempfile.mkstemp(prefix=".lpubin-", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
