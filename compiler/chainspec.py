@@ -275,6 +275,12 @@ class ChainArrays:
 
 def encode(chains, reg: Registry) -> ChainArrays:
     """Chain objects, Flat and Rows batches, in order, as one ChainArrays."""
+    return _arrays(batch_rows(chains, reg) or [Flat().rows()])
+
+
+def batch_rows(chains, reg: Registry) -> list:
+    """Chain objects, Flat and Rows batches, in order, as a list of `rows()` dicts (consecutive
+    Flats and Chains joined into one)."""
     parts, flat = [], Flat()
     for ch in chains:
         if isinstance(ch, Rows):
@@ -286,6 +292,6 @@ def encode(chains, reg: Registry) -> ChainArrays:
             flat.extend(ch)
         else:
             flat.add_chain(ch, reg)
-    if flat.chains or not parts:
+    if flat.chains:
         parts.append(flat.rows())
-    return _arrays(parts)
+    return parts

@@ -25,9 +25,11 @@ so every timing rule is checked as before; only Python's building of the chains 
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
-from lpu.compiler.chainspec import FIELDS, Flat, Rows, _EMPTY
+from lpu.compiler.chainspec import FIELDS, Rows, _EMPTY, batch_rows
 from lpu.isa import opcodes as O
 from lpu.isa.opcodes import NARGS, dtype_width
 
@@ -131,10 +133,9 @@ class Replayer:
             lw.regions[n.id] = r.out_region
         lw.chains = [Rows(**rows)]
         self._forget(n.id)
-        if n.id in self.wanted:
-            new = Record()
-            new.log, new.rows, new.dirty_before, new.dirty_after = r.log, rows, r.dirty_before, r.dirty_after
-            new.sxm_flip, new.load_delta, new.out_region = r.sxm_flip, r.load_delta, r.out_region
+        if n.id in self.wanted:       # n is the next trip's twin: its record is the twin's, renamed
+            new = copy.copy(r)
+            new.rows = rows
             self.rec[n.id] = new
         self.replayed += 1
         return True
@@ -193,24 +194,10 @@ def _same_attrs(a: dict, b: dict) -> bool:
 
 def _rows(chains, reg) -> dict:
     """The chains of one node (Chain, Flat and Rows batches, in order) as one rows dict."""
-    parts, flat = [], Flat()
-    for ch in chains:
-        if isinstance(ch, Rows):
-            if flat.chains:
-                parts.append(flat.rows())
-                flat = Flat()
-            parts.append(ch.rows())
-        elif isinstance(ch, Flat):
-            flat.extend(ch)
-        else:
-            flat.add_chain(ch, reg)
-    if flat.chains:
-        parts.append(flat.rows())
-    if not parts:
-        return dict(_EMPTY)
+    parts = batch_rows(chains, reg)
     if len(parts) == 1:
         return parts[0]
-    return {f: np.concatenate([p[f] for p in parts]) for f in FIELDS}
+    return {f: np.concatenate([p[f] for p in parts]) if parts else _EMPTY[f] for f in FIELDS}
 
 
 def _renamed(rows: dict, node: int) -> dict:

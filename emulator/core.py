@@ -537,9 +537,6 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     for i in range(start, cyc.shape[0]):
         t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
         p = upos[i]
-        if u == U_C2C:
-            hz[0] = H_C2C
-            return i
         if u == U_MEM:
             ok = mem_exec(op, a, uidx[i], p, t, i, lat[i], spd, naddr, mem, valid, bank_base, bank_lo, bank_last,
                           ring, sa, sb, hz, counters)
@@ -550,6 +547,9 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)
+        elif u == U_C2C:          # the host runs it (emulator/c2c.py) and calls again from i + 1
+            hz[0] = H_C2C
+            return i
         else:
             ok = sxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, tables, ring, tbuf, sa, so, hz, counters)
         if not ok:

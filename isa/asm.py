@@ -32,7 +32,7 @@ import re
 
 import numpy as np
 
-from lpu.isa.encoding import check_instructions
+from lpu.isa.checks import check_instructions
 from lpu.isa.errors import AsmError, ConfigError
 from lpu.isa.machine import EAST, MachineConfig
 from lpu.isa.opcodes import BY_NAME, DTYPES, FLOAT_DTYPES, NARGS, OPS, make_ref, split_ref

@@ -16,9 +16,7 @@ Layout (all integers little-endian):
 from __future__ import annotations
 
 import json
-import os
 import struct
-import tempfile
 import zlib
 
 from lpu.isa import encoding as E
@@ -87,13 +85,4 @@ def decode_bundle(data: bytes):
 
 
 def save_bundle(sp, path: str) -> None:
-    data = encode_bundle(sp)
-    fd, tmp = tempfile.mkstemp(prefix=".lpubin-", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    E.write_parts([encode_bundle(sp)], path)

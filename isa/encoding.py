@@ -40,7 +40,7 @@ import zlib
 import numpy as np
 
 from lpu.isa import encoding_core as C
-from lpu.isa.checks import I32 as _I32, check_instructions  # noqa: F401  (asm imports it from here)
+from lpu.isa.checks import I32 as _I32, check_instructions
 from lpu.isa.errors import BinaryError, ConfigError
 from lpu.isa.machine import MachineConfig
 from lpu.isa.opcodes import DTYPES, NARGS, OPS, TABLE_HASH
@@ -466,12 +466,16 @@ def _validate(program: Program) -> None:
 # ---- files -------------------------------------------------------------------------------------
 def save(program: Program, path: str) -> None:
     """Write `program` to `path` atomically (a temporary file in the same folder, then a rename)."""
-    chunks = _chunks(program)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".lpubin-", dir=folder)
+    write_parts(_chunks(program), path)
+
+
+def write_parts(parts, path: str) -> None:
+    """Write byte strings one after another to `path` atomically (a temporary file in the same
+    folder, then a rename; nothing is left behind on an error)."""
+    fd, tmp = tempfile.mkstemp(prefix=".lpubin-", dir=os.path.dirname(os.path.abspath(path)))
     try:
         with os.fdopen(fd, "wb") as f:
-            for part in chunks:
+            for part in parts:
                 f.write(part)
         os.replace(tmp, path)
     except BaseException:

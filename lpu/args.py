@@ -3,6 +3,7 @@ window option, and progress on stderr. Command modules import this, never `lpu.c
 imports them)."""
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -132,3 +133,28 @@ def progress_lines(a, stream=None):
     def say(text: str):
         print(text, file=stream, flush=True)
     return say
+
+
+SHOWN_VIOLATIONS = 50    # violations `lpu verify` prints (--json lists them all)
+
+
+def report_check(a, found, wall: float, info: dict, ok_text: str) -> int:
+    """Print a checker's result (one JSON object with `info`, or a line; violations on stderr)
+    and give the exit code: 0 if nothing was found, else 2."""
+    counts = {}
+    for v in found:
+        counts[v.kind] = counts.get(v.kind, 0) + 1
+    if a.json:
+        print(json.dumps({**info, "ok": not found, "wall_s": round(wall, 4), "counts": counts,
+                          "violations": [v.to_dict() for v in found]}))
+    elif not found:
+        print(f"{a.program}: ok ({ok_text}; checked in {wall:.2f} s)")
+    if found:
+        summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+        lines = [f"{a.program}: {len(found)} violation{'s' if len(found) > 1 else ''} ({summary})"]
+        lines += [f"  {v}" for v in found[:SHOWN_VIOLATIONS]]
+        if len(found) > SHOWN_VIOLATIONS:
+            lines.append(f"  ... and {len(found) - SHOWN_VIOLATIONS} more (--json lists them all)")
+        print("\n".join(lines), file=sys.stderr)
+        return 2
+    return 0

@@ -13,12 +13,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from lpu.args import Progress, compile_detail, parse_params
+from lpu.args import Progress, compile_detail, parse_params, report_check
 from lpu.isa.errors import CapacityError, LpuError
 from lpu.outputs import write_atomic
 
 LOADED = ("input", "weight", "state")
-SHOWN = 50            # violations printed (as lpu/cmd_verify.py)
 
 
 def parse_chips(text) -> int | str | None:
@@ -285,23 +284,10 @@ def cmd_verify(a) -> int:
     t0 = time.perf_counter()
     found = verify_links(sp.system, sp.chips, a.limit)
     wall = time.perf_counter() - t0
-    counts = {}
-    for v in found:
-        counts[v.kind] = counts.get(v.kind, 0) + 1
-    if a.json:
-        print(json.dumps({"program": sp.chips[0].source_name or a.program, "machine": sp.system.machine.name,
-                          "chips": len(sp.chips), "instructions": sp.n_instructions, "ok": not found,
-                          "wall_s": round(wall, 4), "counts": counts, "violations": [v.to_dict() for v in found]}))
-    elif not found:
-        print(f"{a.program}: ok ({len(sp.chips)} chips, {sp.n_instructions:,} instructions on "
-              f"{sp.system.machine.name}, every link matched; checked in {wall:.2f} s)")
-    if found:
-        summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-        lines = [f"{a.program}: {len(found)} violation{'s' if len(found) > 1 else ''} ({summary})"]
-        lines += [f"  {v}" for v in found[:SHOWN]]
-        print("\n".join(lines), file=sys.stderr)
-        return 2
-    return 0
+    return report_check(a, found, wall, {"program": sp.chips[0].source_name or a.program, "machine": sp.system.machine.name,
+                                   "chips": len(sp.chips), "instructions": sp.n_instructions},
+                  f"{len(sp.chips)} chips, {sp.n_instructions:,} instructions on {sp.system.machine.name}, "
+                  "every link matched")
 
 
 def lpu_side(path: str, params: dict, machine, chips, emulate: bool, progress=None) -> tuple[dict, object]:

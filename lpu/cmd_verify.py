@@ -3,14 +3,10 @@ on a compiled program or a binary (a system's: every chip and its links, lpu/cmd
 Exit 0 if no violation, 2 with every violation listed."""
 from __future__ import annotations
 
-import json
-import sys
 import time
 
 from lpu import cmd_system
-from lpu.args import add_chips, parse_params
-
-SHOWN = 50
+from lpu.args import add_chips, parse_params, report_check
 
 
 def add_parser(sub, common):
@@ -37,25 +33,9 @@ def cmd_verify(a):
     t0 = time.perf_counter()
     found = verify(prog, a.limit)
     wall = time.perf_counter() - t0
-    counts = {}
-    for v in found:
-        counts[v.kind] = counts.get(v.kind, 0) + 1
-    if a.json:
-        print(json.dumps({"program": prog.source_name or a.program, "machine": prog.machine.name,
-                          "instructions": prog.n_instructions, "ok": not found, "wall_s": round(wall, 4),
-                          "counts": counts, "violations": [v.to_dict() for v in found]}))
-    elif not found:
-        print(f"{a.program}: ok ({prog.n_instructions:,} instructions on {prog.machine.name}, "
-              f"no violation; checked in {wall:.2f} s)")
-    if found:
-        summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-        lines = [f"{a.program}: {len(found)} violation{'s' if len(found) > 1 else ''} ({summary})"]
-        lines += [f"  {v}" for v in found[:SHOWN]]
-        if len(found) > SHOWN:
-            lines.append(f"  ... and {len(found) - SHOWN} more (--json lists them all)")
-        print("\n".join(lines), file=sys.stderr)
-        return 2
-    return 0
+    return report_check(a, found, wall, {"program": prog.source_name or a.program, "machine": prog.machine.name,
+                                         "instructions": prog.n_instructions},
+                  f"{prog.n_instructions:,} instructions on {prog.machine.name}, no violation")
 
 
 HANDLERS = {"verify": cmd_verify}

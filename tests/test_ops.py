@@ -4,6 +4,7 @@ needs only a table entry when its VXM arithmetic exists, and comparisons and `wh
 through the table, the VXM arithmetic and one lowering rule) compile, verify and run."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -154,7 +155,8 @@ NEW_OP = textwrap.dedent("""
 
 
 def test_a_new_unary_op_needs_only_a_table_entry():
-    r = subprocess.run([sys.executable, "-c", NEW_OP], capture_output=True, text=True, timeout=600)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # lpu resolves from any cwd
+    r = subprocess.run([sys.executable, "-c", NEW_OP], capture_output=True, text=True, timeout=600, cwd=root)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
 
