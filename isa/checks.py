@@ -1,13 +1,13 @@
 """Validation of instruction fields, shared by the encoder, the decoder and the assembler:
 every opcode known, on a queue of its unit (and MXM role), unused args zero, ints in 32 bits,
 dtype codes and stream refs valid for the machine, lines and nodes in range. Large programs
-are checked by one jitted pass (encoding_core.first_invalid), small ones by numpy rules; the
+are checked by one jitted pass (checks_core.first_invalid), small ones by numpy rules; the
 message always comes from the numpy rules."""
 from __future__ import annotations
 
 import numpy as np
 
-from lpu.isa import encoding_core as C
+from lpu.isa import checks_core as C
 from lpu.isa.machine import UNIT_ICU, UNIT_NAMES, MachineConfig
 from lpu.isa.opcodes import DTYPE_WIDTH, DTYPES, NARGS, OPS
 

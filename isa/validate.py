@@ -1,4 +1,4 @@
-"""Validation of a `Program` beyond its instruction fields (isa/encoding.check_instructions):
+"""Validation of a `Program` beyond its instruction fields (isa/checks.check_instructions):
 its symbol table, constants, permutation tables and the size of its instruction stream, checked
 against the machine and the limits (isa/limits.py) before anything is sized from them.
 

@@ -216,34 +216,63 @@ def _single(name, fields):
     return Program(TINY, queue, op, args, line, node)
 
 
-def _first_record(data):
-    return data.index(b"INST") + 8 + 4
+def _encode_unchecked(p, monkeypatch):
+    """The bytes of `p` without the encoder's own field check: a binary some other writer damaged."""
+    import lpu.isa.encoding as E
+    with monkeypatch.context() as m:
+        m.setattr(E, "check_instructions", lambda *a, **k: None)
+        return encode(p)
 
 
-def test_unknown_opcode():
-    data = bytearray(encode(_single("NOP", [3])))
-    data[_first_record(data) + 2] = 200
+def test_unknown_opcode(monkeypatch):
+    p = _single("NOP", [3])
+    p.op[0] = 200
     with pytest.raises(BinaryError, match="instruction 0: unknown opcode 200"):
-        decode(fix_header(bytes(data)))
+        decode(_encode_unchecked(p, monkeypatch))
 
 
-def test_field_out_of_range():
-    data = bytearray(encode(_single("READ", [0, 17, make_ref(1, 0, 3)])))
-    at = _first_record(data) + 3 + 4 + 4           # the ref after bank and addr
-    data[at:at + 2] = struct.pack("<H", make_ref(1, 0, 7))   # an f16 on streams 7..8 of 8
+def test_field_out_of_range(monkeypatch):
+    p = _single("READ", [0, 17, make_ref(1, 0, 7)])     # an f16 on streams 7..8 of 8
     with pytest.raises(BinaryError, match="field 'out' = .* is not a stream ref"):
-        decode(fix_header(bytes(data)))
-    data = bytearray(encode(_single("IW", [1, 0])))
-    data[_first_record(data) + 3] = 9
+        decode(_encode_unchecked(p, monkeypatch))
+    p = _single("IW", [9, 0])
     with pytest.raises(BinaryError, match="field 'dtype' = 9 is not a dtype code"):
-        decode(fix_header(bytes(data)))
+        decode(_encode_unchecked(p, monkeypatch))
 
 
-def test_instruction_on_the_wrong_queue():
-    data = bytearray(encode(_single("READ", [0, 17, 3])))
-    data[_first_record(data):_first_record(data) + 2] = struct.pack("<H", TINY.vxm_queue(0))
+def test_instruction_on_the_wrong_queue(monkeypatch):
+    p = _single("READ", [0, 17, 3])
+    p.queue[0] = TINY.vxm_queue(0)
     with pytest.raises(BinaryError, match="READ runs on a mem queue, not on vxm0"):
+        decode(_encode_unchecked(p, monkeypatch))
+
+
+def test_damaged_column():
+    data = bytearray(encode(every_opcode_program()))
+    at = data.index(b"INST") + 8 + 4 + 6          # the first byte of the queue column's zlib data
+    data[at + 3] ^= 0xFF
+    with pytest.raises(BinaryError, match="section INST: column 'queue'"):
         decode(fix_header(bytes(data)))
+
+
+def test_damaged_symbols():
+    data = bytearray(encode(every_opcode_program()))
+    at = data.index(b"SYMS") + 8 + 4             # the zlib data of the layouts
+    data[at + 4] ^= 0xFF
+    with pytest.raises(BinaryError, match="section SYMS: the compressed data"):
+        decode(fix_header(bytes(data)))
+
+
+def test_instructions_compress():
+    """Runs of queues, opcodes and stepping addresses take a few bits each, not a record each."""
+    n = 20000
+    queue, op, args, line, node = empty_columns(n)
+    queue[:], op[:] = valid_queues(TINY, BY_NAME["READ"])[0], BY_NAME["READ"].code
+    args[:, 1], args[:, 2] = np.arange(n) % 4096, 3
+    line[:] = 7
+    data = encode(Program(TINY, queue, op, args, line, node))
+    assert len(data) < n       # under a byte an instruction (a record was 19)
+    assert np.array_equal(decode(data).args, args)
 
 
 def test_machine_mismatch():
@@ -316,7 +345,7 @@ def test_binary_of_another_instruction_set_is_refused_by_name():
 
 @pytest.mark.parametrize("damage", ["opcode", "queue", "unit", "unused arg", "ref", "dtype", "line", "node", "none"])
 def test_jitted_check_finds_what_numpy_finds(damage):
-    """Large programs are checked by one jitted pass (encoding_core.first_invalid); it must
+    """Large programs are checked by one jitted pass (checks_core.first_invalid); it must
     name the same instruction, with the same message, as the numpy rules."""
     from lpu.isa import checks as E
     p = every_opcode_program(TINY, per_op=3)
