@@ -13,29 +13,26 @@ from numba import njit
 
 
 @njit(cache=True)
-def find_runs(order, q, cyc, op, args, line, node, field):
-    """All columns in placement order, read through `order` (sorted by queue, then cycle: row
-    i of the sorted stream is instruction order[i]). Returns (count, dist) in sorted order:
+def find_runs(q, cyc, op, args, line, node, field):
+    """All columns sorted by queue, then cycle (`sorted_columns`). Returns (count, dist):
     count[i] = copies that follow row i in its REPEAT (0: none), -1 where row i is such a copy."""
-    n = len(order)
+    n = len(q)
     count = np.zeros(n, np.int32)
     dist = np.zeros(n, np.int32)
     i = 0
     while i < n:
-        a = order[i]
-        f = field[op[a]]
+        f = field[op[i]]
         c, d = 0, 0
         j = i + 1
-        while f >= 0 and j < n and q[order[j]] == q[a]:
-            b = order[j]
-            if op[b] != op[a] or line[b] != line[a] or node[b] != node[a]:
+        while f >= 0 and j < n and q[j] == q[i]:
+            if op[j] != op[i] or line[j] != line[i] or node[j] != node[i]:
                 break
-            dd = cyc[b] - cyc[order[j - 1]]
+            dd = cyc[j] - cyc[j - 1]
             if c > 0 and dd != d:
                 break
-            same = args[b, f] == args[a, f] + c + 1
+            same = args[j, f] == args[i, f] + c + 1
             for k in range(args.shape[1]):
-                if k != f and args[b, k] != args[a, k]:
+                if k != f and args[j, k] != args[i, k]:
                     same = False
             if not same:
                 break
@@ -50,6 +47,21 @@ def find_runs(order, q, cyc, op, args, line, node, field):
         else:
             i += 1
     return count, dist
+
+
+@njit(cache=True)
+def sorted_columns(order, q, cyc, op, args, line, node):
+    """Every column read through `order`, in one pass."""
+    n = len(order)
+    nargs = args.shape[1]
+    q2, c2, o2 = np.empty(n, q.dtype), np.empty(n, cyc.dtype), np.empty(n, op.dtype)
+    a2, l2, n2 = np.empty((n, nargs), args.dtype), np.empty(n, line.dtype), np.empty(n, node.dtype)
+    for i in range(n):
+        a = order[i]
+        q2[i], c2[i], o2[i], l2[i], n2[i] = q[a], cyc[a], op[a], line[a], node[a]
+        for k in range(nargs):
+            a2[i, k] = args[a, k]
+    return q2, c2, o2, a2, l2, n2
 
 
 @njit(cache=True)
@@ -79,17 +91,18 @@ def queue_order(q, cyc, nq):
 
 
 @njit(cache=True)
-def stream_rows(order, q, cyc, op, args, line, node, count, dist, notify, nop, sync, repeat):
+def stream_rows(q, cyc, op, args, line, node, count, dist, notify, nop, sync, repeat):
     """The rows of every queue's stream: [SYNC] at the start of each used queue, [NOP gap]
     before an instruction that does not follow its predecessor's end, the instruction, and
-    [REPEAT n d] after the first of a run (count > 0); row 0 is the ICU's NOTIFY."""
-    n = len(order)
+    [REPEAT n d] after the first of a run (count > 0); row 0 is the ICU's NOTIFY. Columns
+    sorted by queue, then cycle."""
+    n = len(q)
     rows = 1
     prev_q, end = -1, 0
     for i in range(n):
         if count[i] < 0:
             continue
-        a = order[i]
+        a = i
         if q[a] != prev_q:
             rows += 1
             prev_q, end = q[a], 0
@@ -109,7 +122,7 @@ def stream_rows(order, q, cyc, op, args, line, node, count, dist, notify, nop, s
     for i in range(n):
         if count[i] < 0:
             continue
-        a = order[i]
+        a = i
         qa = q[a]
         if qa != prev_q:
             out_q[r], out_op[r] = qa, sync

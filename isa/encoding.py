@@ -43,6 +43,7 @@ import zlib
 
 import numpy as np
 
+from lpu.isa import encoding_core as C
 from lpu.isa.checks import I32 as _I32, check_instructions
 from lpu.isa.errors import BinaryError, ConfigError
 from lpu.isa.machine import MachineConfig
@@ -63,44 +64,43 @@ _ZLIB_LEVEL = 3
 _SAMPLE = 1 << 16
 
 
-def _sample(col: np.ndarray) -> np.ndarray:
-    """Four spread pieces of a column: enough to tell which coding compresses better."""
-    if col.size <= 4 * _SAMPLE:
-        return col
-    at = np.linspace(0, col.size - _SAMPLE, 4).astype(np.int64)
-    return np.concatenate([col[a:a + _SAMPLE] for a in at])
-
-
-def _coded(col: np.ndarray, mode: int) -> tuple:
-    """(width, bytes) of a column as values (mode 0) or deltas (mode 1) in the narrowest width."""
-    d = np.diff(col, prepend=0) if mode else col
-    lo, hi = (int(d.min()), int(d.max())) if d.size else (0, 0)
+def _coded(src, order: np.ndarray, mode: int) -> tuple:
+    """(width, bytes) of src[order] as values (mode 0) or deltas (mode 1), in the narrowest width."""
+    d, lo, hi = C.column(src, order, mode == 1)
     w = next(w for w in (1, 2, 4, 8) if lo >= -2**(8 * w - 1) and hi < 2**(8 * w - 1))
     return w, d.astype(f"<i{w}").tobytes()
 
 
-def _column_bytes(col) -> tuple:
-    """(mode, width, bytes) of one column, coded the way a sample of it compresses better."""
-    col = np.asarray(col, np.int64)
-    sample = _sample(col)
-    mode = min((0, 1), key=lambda m: len(zlib.compress(_coded(sample, m)[1], 1)))
-    return (mode, *_coded(col, mode))
+def _column_bytes(src, order: np.ndarray) -> tuple:
+    """(mode, width, bytes) of src[order], coded the way four spread pieces of it compress better."""
+    n = order.shape[0]
+    if n > 4 * _SAMPLE:
+        at = np.linspace(0, n - _SAMPLE, 4).astype(np.int64)
+        sample = np.concatenate([order[a:a + _SAMPLE] for a in at])
+    else:
+        sample = order
+    mode = min((0, 1), key=lambda m: len(zlib.compress(_coded(src, sample, m)[1], 1)))
+    return (mode, *_coded(src, order, mode))
 
 
 def _grouped(queue, op) -> np.ndarray:
     """The order that groups instructions by (queue, opcode), keeping their order within a group:
     the fields after queue and opcode are stored in it, so that a queue's READ addresses, say,
     follow each other and step evenly."""
-    key = np.asarray(queue, np.int64) * len(OPS) + np.asarray(op, np.int64)
-    small = key.size and 0 <= key.min() and key.max() < 2**16
-    return np.argsort(key.astype(np.uint16) if small else key, kind="stable")
+    queue, op = np.asarray(queue), np.asarray(op)
+    if queue.size and (queue.min() < 0 or queue.max() >= 2**16 or op.min() < 0 or op.max() >= len(OPS)):
+        key = queue.astype(np.int64) * len(OPS) + op       # a damaged binary: its checks will say so
+        return np.argsort(key, kind="stable")
+    return C.grouped_order(queue, op, len(OPS))
 
 
 def _columns(p: Program) -> list:
-    """queue and opcode in program order, then each arg, line and node in the grouped order."""
+    """(column, order) pairs: queue and opcode in program order, then each arg, line and node in
+    the grouped order."""
     args, order = np.asarray(p.args), _grouped(p.queue, p.op)
+    ident = np.arange(len(order))
     rest = [args[:, j] for j in range(args.shape[1])] + [np.asarray(p.line), np.asarray(p.node)]
-    return [p.queue, p.op] + [c[order] for c in rest]
+    return [(np.asarray(p.queue), ident), (np.asarray(p.op), ident)] + [(c, order) for c in rest]
 
 
 # ---- writing -----------------------------------------------------------------------------------
@@ -152,8 +152,8 @@ def _encode_instructions(p: Program, w: _Writer):
     if bad:
         raise BinaryError(f"cannot encode: instruction {bad[0]}: {bad[1]}")
     w.raw(struct.pack("<I", len(p.op)))
-    for col in _columns(p):
-        mode, width, raw = _column_bytes(col)
+    for col, order in _columns(p):
+        mode, width, raw = _column_bytes(col, order)
         z = zlib.compress(raw, _ZLIB_LEVEL)
         w.raw(struct.pack("<BBI", mode, width, len(z)))
         w.raw(z)
@@ -338,9 +338,12 @@ def _read_head(r: _Reader, machine):
 
 def _read_instructions(r: _Reader, machine):
     n = struct.unpack("<I", r.take(4))[0]
-    cols = []
-    for k in range(4 + NARGS):
-        what = ("queue", "opcode", *(f"arg {j}" for j in range(NARGS)), "line", "node")[k]
+    names = ("queue", "opcode", *(f"arg {j}" for j in range(NARGS)), "line", "node")
+    queue, op, line, node = (np.empty(n, np.int32) for _ in range(4))
+    args = np.empty((n, NARGS), np.int32)
+    targets = [(queue, 0), (op, 0)] + [(args, j) for j in range(NARGS)] + [(line, 0), (node, 0)]
+    order = np.arange(n)
+    for k, (what, (out, j)) in enumerate(zip(names, targets)):
         mode, width, size = struct.unpack("<BBI", r.take(6))
         if mode > 1 or width not in (1, 2, 4, 8):
             r.fail(f"column '{what}': bad mode {mode} or width {width}")
@@ -351,18 +354,11 @@ def _read_instructions(r: _Reader, machine):
             r.fail(f"column '{what}': the compressed data is damaged ({e})")
         if len(raw) != n * width or not inflate.eof or inflate.unused_data or inflate.unconsumed_tail:
             r.fail(f"column '{what}': the compressed data does not hold {n} values of {width} bytes")
-        col = np.frombuffer(raw, f"<i{width}")
-        col = np.cumsum(col, dtype=np.int64) if mode else col
-        if col.size and (int(col.min()) < _I32[0] or int(col.max()) > _I32[1]):
-            r.fail(f"column '{what}': a value is out of 32-bit range")
-        cols.append(col)
-    queue, op = cols[0].astype(np.int32), cols[1].astype(np.int32)
-    order = _grouped(queue, op)
-    line, node = np.empty(n, np.int32), np.empty(n, np.int32)
-    line[order], node[order] = cols[-2], cols[-1]
-    args = np.empty((n, NARGS), np.int32)
-    for j in range(NARGS):
-        args[order, j] = cols[2 + j]
+        if k == 2:
+            order = _grouped(queue, op)
+        bad = C.uncolumn(np.frombuffer(raw, f"<i{width}"), mode == 1, order, out[:, None] if out.ndim == 1 else out, j)
+        if bad >= 0:
+            r.fail(f"column '{what}': value {bad} is out of 32-bit range")
     return queue, op, args, line, node
 
 

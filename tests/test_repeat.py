@@ -24,7 +24,7 @@ def _runs(cyc, addr, q=None, line=None):
     args[:, 1] = addr                                     # READ: bank, addr, out
     q = np.zeros(n, np.int64) if q is None else np.asarray(q, np.int64)
     line = np.zeros(n, np.int32) if line is None else np.asarray(line, np.int32)
-    count, dist = find_runs(np.arange(n), q, np.asarray(cyc, np.int64), np.full(n, O.READ, np.int32), args, line,
+    count, dist = find_runs(q, np.asarray(cyc, np.int64), np.full(n, O.READ, np.int32), args, line,
                             np.zeros(n, np.int32), FIELD)
     return count.tolist(), dist.tolist()
 
