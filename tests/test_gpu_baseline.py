@@ -119,6 +119,17 @@ def test_fusion_reduces_time_and_kernels():
     assert cost_graph(sm, A100).total_us < cost_graph(sm, A100, fuse=False).total_us
 
 
+def test_eager_keeps_attention_fused_and_splits_everything_else():
+    g = workloads.prefill(256, layers=2)
+    fused, eager, unfused = (cost_graph(g, A100, fuse=f) for f in (True, "eager", False))
+    assert len(fused.ops) < len(eager.ops) < len(unfused.ops)
+    assert fused.total_us < eager.total_us < unfused.total_us
+    assert sum(o.op == "attention" for o in eager.ops) == sum(o.op == "attention" for o in fused.ops) == 2
+    assert all(len(o.fused) == 1 for o in eager.ops if o.op != "attention")
+    with pytest.raises(ConfigError, match="fuse must be one of"):
+        cost_graph(g, A100, fuse="inductor")
+
+
 def test_graph_launch_is_cheaper_than_stream():
     g = workloads.decode_step(128, layers=2)
     assert cost_graph(g, A100, launch="graph").total_us <= cost_graph(g, A100, launch="stream").total_us

@@ -51,6 +51,8 @@ HEADER = """\
 #      the inputs that do: Vidur's residual add (mlp_impl.py, hidden_states = residual + hidden_states)
 #      reads the MLP output just written ("b") and a residual written before the MLP ("a"), whose
 #      180 MB or more of weights have streamed through L2 since.
+# fuse: "eager" where the measured program ran PyTorch eager, one kernel per op but a fused attention
+#      call (calibrate.py's plain-PyTorch Llama rows); absent: fused as a compiler would (model.cost_graph)
 # note: what the row's own source says against it (make_validation.py NOTES); validate.py prints it
 #      beside the row's error, and the row stays in its set and in every median.
 # workload (gpu_baseline/validate.py):
