@@ -230,6 +230,9 @@ def measure(reps: int, device: str, kernels: bool = True, e2e: bool = True,
     model = Llama(torch, device, dt, max(ctxs) + 1, cfg)
     layer = torch.compile(model.layer, dynamic=False) if compile else model.layer
     tag = "torch.compile + CUDA graph" if compile else "CUDA graph"
+    # how the model costs these rows: Inductor's fused kernels, or PyTorch eager (one kernel per op
+    # but scaled_dot_product_attention, a fused attention kernel)
+    fuse = {} if compile else {"fuse": "eager"}
     e2e_reps = max(3, reps // 5)
     with torch.inference_mode():
         for ctx in ctxs:
@@ -237,13 +240,13 @@ def measure(reps: int, device: str, kernels: bool = True, e2e: bool = True,
             step = timer.graph(lambda: model.forward(x1, ctx - 1, layer))
             us = Timer(torch, e2e_reps, cuda).median_us(step, flush=False)
             case(f"Llama-2-7B decode ctx={ctx}, {tag}", "decode:llama2-7b", 1e6 / us, metric="tokens_per_s",
-                 prompt_len=ctx - 1, launch="graph")
+                 prompt_len=ctx - 1, launch="graph", **fuse)
         for s in ((32,) if small else (128, 512, 2048)):
             xs = torch.randn(s, cfg["d"], **kw)
             step = timer.graph(lambda: model.forward(xs, 0, layer))
             us = Timer(torch, e2e_reps, cuda).median_us(step, flush=False)
             case(f"Llama-2-7B prefill {s}, {tag}", "prefill:llama2-7b", us / 1e3, metric="ttft_ms",
-                 prompt_len=s, launch="graph")
+                 prompt_len=s, launch="graph", **fuse)
     return info, cases
 
 

@@ -12,6 +12,8 @@ Passes, in order:
   3. attention: with fuse=True, score GEMM -> row softmax kernel -> value GEMM chains whose
               intermediates have no other consumer merge into one flash-attention kernel
               (scores never leave the SM; a causal mask skips the masked half of the work).
+              fuse="eager" (PyTorch eager) keeps those attention kernels and then makes every
+              other op a kernel of its own.
   4. cost:    per kernel. GEMM and attention kernels: max(compute, memory) + gemm_fixed_us.
               compute: GEMMs by gemm_plan (a cuBLAS-like choice of output tile and split-K from
               the config's tiles, wave-quantized over the SMs at the tensor peak x tensor
@@ -69,6 +71,9 @@ def cost_class(op: str) -> str:
 
 
 BOUNDS = ("compute", "hbm", "latency", "launch", "comm")
+# fuse: True (compiled: epilogue, row-kernel and attention fusion), False (every op a kernel), "eager"
+# (PyTorch eager: a fused attention call, every other op a kernel)
+FUSE_MODES = (True, False, "eager")
 GROUP_SIZES = (1, 2, 4, 8)
 
 
@@ -136,17 +141,22 @@ def cost_graph(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: boo
     """Kernels of `graph` on one GPU, or on each GPU of a tensor-parallel group of `gpus` (the
     all-reduces are kernels too). host=True adds the config's host time per forward pass (for
     end-to-end figures). launch: "stream", "graph", or "none" (kernel durations alone).
+    fuse: True (compiled), False (every op a kernel) or "eager" (FUSE_MODES)
     inputs_in_l2: graph inputs that fit in L2 are read from there (a preceding kernel wrote them;
     per-operator profiles of a running model); True for every input, or a list of input names. row_style: how the memory-bound (non-GEMM) kernels
     load their data, "vector" (16-byte loads, PyTorch) or "scalar" (row_chain_us)."""
     gpu.launch_us(launch)                               # validates the mode
     if gpus not in GROUP_SIZES:
         raise ConfigError(f"a GPU group has {', '.join(map(str, GROUP_SIZES))} GPUs, got {gpus}")
+    if fuse not in FUSE_MODES:
+        raise ConfigError(f"fuse must be one of {', '.join(map(repr, FUSE_MODES))}, got {fuse!r}")
     nodes = {n.id: n for n in graph.nodes()}
-    free = _free_nodes(nodes, fuse)
-    kernels, kernel_of = _form_kernels(nodes, free, fuse)
+    free = _free_nodes(nodes, fuse is True)
+    kernels, kernel_of = _form_kernels(nodes, free, bool(fuse))
     if fuse:
         kernels = _merge_attention(graph, nodes, free, kernels, kernel_of)
+    if fuse == "eager":
+        kernels = _unfuse_but_attention(kernels, kernel_of, nodes)
     tp = tensor_parallel.plan(nodes, free, gpus) if gpus > 1 else None
     ops = [_cost_kernel(graph, nodes, free, k, kernel_of, gpu, launch, tp, inputs_in_l2, row_style)
            for k in kernels]
@@ -211,6 +221,21 @@ def _form_kernels(nodes: dict, free: set, fuse: bool):
             target.members.append(n.id)
         kernel_of[n.id] = target
     return kernels, kernel_of
+
+
+def _unfuse_but_attention(kernels, kernel_of, nodes):
+    """PyTorch eager: a fused attention call (scaled_dot_product_attention) stays one kernel, every
+    other op is a kernel of its own."""
+    out = []
+    for k in kernels:
+        if k.flash:
+            out.append(k)
+            continue
+        for m in k.members:
+            single = _Kernel(m, nodes[m].op == "matmul")
+            kernel_of[m] = single
+            out.append(single)
+    return out
 
 
 def _consumers(graph: IRGraph, nodes: dict, free: set, nid: int) -> set:
