@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import networkx as nx
 import numpy as np
 
 from lpu.compiler.chains import ChainBuilder
@@ -181,7 +182,7 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
     t1, r1 = lw.temp((nrows, 2 * lanes), cdt)       # two scratch vectors per row: rows pipeline
     t1 = t1.reshape(lead_shape + (2,))
     width = min(c, lanes)
-    plan = lane_plan(lw, width, nrows, cdt)
+    plan = lane_plan(lw, width, nrows * _peers(lw, n), cdt)
     steps = len(plan)
     # lanes past the row's end reach lane 0 only if the plan's shifts add up past it
     pad_seen = chunks > 1 or sum(max(s) for s in plan) >= width
@@ -217,6 +218,22 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
 
 
 MAX_RADIX = 1 << 30      # (a cap on the shifts of one lane step, for measurements)
+SXM_WEIGHT = 0.5
+
+
+def _peers(lw, n) -> int:
+    """Lane reductions of n's op and input shape that neither feed n nor depend on it (n
+    included): e.g. the heads of one layer, which share the SXMs while their rows reduce."""
+    cache = lw.__dict__.setdefault("_lane_reduce_peers", {})
+    if n.id not in cache:
+        g = lw.g
+        shape = g.node(n.inputs[0]).shape
+        same = [m.id for m in g.nodes() if m.op == n.op and m.attrs.get("axis") == len(shape) - 1
+                and g.node(m.inputs[0]).shape == shape]
+        anc = {i: nx.ancestors(g.g, i) for i in same}
+        for i in same:
+            cache[i] = sum(1 for j in same if j == i or (j not in anc[i] and i not in anc[j]))
+    return cache[n.id]
 
 
 def lane_plan(lw, width: int, nrows: int, cdt: str) -> list:
@@ -244,7 +261,7 @@ def lane_plan(lw, width: int, nrows: int, cdt: str) -> list:
         issue = sum(-(-len(p) // per_cycle) for p in plan)
         v = lat[O.VXM_BINARY["ADD"]]
         cost = sum(trip + v * (-(-len(p) // per_cycle) - 1) + v * math.ceil(math.log2(len(p) + 1))
-                   for p in plan) + nrows * issue / 2
+                   for p in plan) + SXM_WEIGHT * nrows * issue
         if best is None or cost < best[0]:
             best = (cost, plan)
     return best[1]
