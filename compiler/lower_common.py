@@ -119,10 +119,52 @@ def sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv
 
 
 def copy(lw, srcn, src_grid, dst_grid, dtype, node):
-    """Copy (converting to `dtype`) every vector of src_grid into dst_grid."""
+    """Copy (converting to `dtype`) every vector of src_grid into dst_grid. A few vectors of
+    the same dtype go from slice to slice on a stream (no unit between: the hops between the
+    slices only), the others through the VXM (CONV)."""
     src_grid = np.broadcast_to(src_grid, dst_grid.shape).reshape(-1)
+    dst = dst_grid.reshape(-1)
     nvs = np.broadcast_to(nv_chunks(srcn.shape, lw.lanes, dst_grid.shape[-1]), dst_grid.shape).reshape(-1)
-    vxm_rows(lw, node, O.VXM_UNARY["CONV"], dst_grid.reshape(-1), dtype, nvs, (src_grid, srcn.dtype))
+    if dtype == srcn.dtype and len(dst) <= DIRECT_MAX:
+        todo = [i for i in range(len(dst)) if not stream_copy(lw, node, int(src_grid[i]), int(dst[i]), dtype)]
+        if not todo:
+            return
+        src_grid, dst, nvs = src_grid[todo], dst[todo], nvs[todo]
+    vxm_rows(lw, node, O.VXM_UNARY["CONV"], dst, dtype, nvs, (src_grid, srcn.dtype))
+
+
+DIRECT_MAX = 16      # vectors: larger copies (prefill) are batched through the VXM
+
+
+def stream_copy(lw, node, src, dst, dtype) -> bool:
+    """One vector READ onto a stream and WRITTEN where it passes, every plane flowing the same
+    way; False (nothing added) where the planes would flow both ways, or meet a bank twice."""
+    c = lw.ctx
+    w = dtype_width(dtype)
+    ns, nb, spos = c.nslices, c.banks, c.slice_pos
+    ps = [spos[(src + b) % ns] for b in range(w)]
+    qs = [spos[(dst + b) % ns] for b in range(w)]
+    if all(q > p for p, q in zip(ps, qs)):
+        d = EAST
+    elif all(q < p for p, q in zip(ps, qs)):
+        d = WEST
+    else:
+        return False
+    cb = ChainBuilder(c, node.line, node.id)
+    f = cb.f
+    koff = -qs[0] if d == EAST else qs[0]           # plane 0 written at offset 0
+    g = f.add_group(d, koff, w)
+    for slot, pos, op, tail, lat in ((src, ps, O.READ, c.read_tail, c.lat_read), (dst, qs, O.WRITE, c.write_tail, 0)):
+        for b in range(w):
+            at = koff + pos[b] if d == EAST else koff - pos[b]
+            s, row = (slot + b) % ns, (slot + b) // ns
+            f.ins.extend((c.mem_qg[s], at - lat, op, s * nb + row % nb, row % nb, row // nb) + tail)
+            f.p_data.extend((2, g, b, 0))
+        (f.r_data if op == O.READ else f.w_data).extend(range(slot, slot + w))
+    if cb.mem_conflict():
+        return False
+    lw.chains.append(cb.chain())
+    return True
 
 
 FEW = 24       # below this many vectors, vxm_rows builds them one by one
