@@ -91,24 +91,34 @@ def lower_causal(lw, n):
                   imm=NEG_INF_BITS, cut=cut)
 
 
-def lower_store(lw, n):
+def _store_bounds(lw, n):
+    """(state node, bounds of the stored region per axis, its whole-chunk grid or None)."""
     state = lw.g.node(n.inputs[0])
-    val = lw.g.node(n.inputs[1])
     home = lw.grid[n.inputs[0]]
     idx = n.attrs["index"]
     shape = state.shape if state.shape else (1,)
-    nd = len(shape)
     bounds = [(e, e + 1) if isinstance(e, int) else tuple(e) for e in idx] + [(0, d) for d in shape[len(idx):]]
     start, stop = bounds[-1]
-    lead = tuple(slice(a, b) for a, b in bounds[:-1]) if nd > 1 else (slice(None),)
-    vgrid = lw.grid[n.inputs[1]]          # (the language stores tensors only, never a literal)
+    lead = tuple(slice(a, b) for a, b in bounds[:-1]) if len(shape) > 1 else (slice(None),)
+    region = None
     if start % lw.lanes == 0 and (stop == shape[-1] or stop % lw.lanes == 0):   # whole chunks
         region = home[lead + (slice(start // lw.lanes, -(-stop // lw.lanes)),)]
+    return state, bounds, region
+
+
+def lower_store(lw, n):
+    if n.id in lw.__dict__.get("_stored_by_move", ()):
+        return                            # (the value was assembled in place: lower_move)
+    state, bounds, region = _store_bounds(lw, n)
+    val = lw.g.node(n.inputs[1])
+    vgrid = lw.grid[n.inputs[1]]          # (the language stores tensors only, never a literal)
+    if region is not None:
         if vgrid.ndim != region.ndim:
             vgrid = vgrid.reshape((1,) * (region.ndim - vgrid.ndim) + vgrid.shape)
         copy(lw, val, vgrid, region, state.dtype, n)
         return
-    _store_lanes(lw, n, state, val, home[lead], bounds, vgrid)
+    lead = tuple(slice(a, b) for a, b in bounds[:-1]) if len(state.shape) > 1 else (slice(None),)
+    _store_lanes(lw, n, state, val, lw.grid[n.inputs[0]][lead], bounds, vgrid)
 
 
 def _store_lanes(lw, n, state, val, rows_grid, bounds, vgrid):
@@ -203,8 +213,54 @@ def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y) -> bool:
 
 # ---- data movement -------------------------------------------------------------------------
 def lower_move(lw, n):
-    """slice / concat / reshape that move data between lanes."""
-    movement.assemble(lw, n, movement.source_map(lw, n))
+    """slice / concat / reshape that move data between lanes; one whose only user stores it in
+    whole chunks of a state (decode's new cache row) is assembled there in place, the store's
+    copy left out, where nothing lowered later reads the state's old version."""
+    smap = movement.source_map(lw, n)
+    st = _store_in_place(lw, n, smap)
+    if st is None:
+        movement.assemble(lw, n, smap)
+        return
+    store, region, dtype = st
+    movement.assemble(lw, n, smap, dst=region.reshape(-1, region.shape[-1]), dtype=dtype, shape=n.shape)
+    lw.__dict__.setdefault("_stored_by_move", set()).add(store)
+
+
+VIEWS = ("view", "mxm_t", "mxm_cvt", "alias")
+
+
+def _store_in_place(lw, n, smap):
+    """(store id, its region, dtype) where n can be assembled in the state, else None."""
+    g, plan = lw.g, lw.plan
+    v = n
+    while True:                           # (through reshapes that are views)
+        users = g.users(v.id)
+        if len(users) != 1 or v.id in g.outputs.values():
+            return None
+        st = g.node(users[0])
+        if st.op != "reshape" or plan.kind.get(st.id) != "view":
+            break
+        v = st
+    if st.op != "store" or st.inputs[1] != v.id or plan.kind.get(st.id) != "alias":
+        return None
+    state, _, region = _store_bounds(lw, st)
+    srcs = [g.node(i) for i in smap[0]]
+    if region is None or any(x.dtype != state.dtype for x in srcs) or n.dtype != state.dtype \
+            or region.size != lw.grid[n.id].size:
+        return None
+    pos = lw.__dict__.setdefault("_plan_pos", {nid: i for i, nid in enumerate(plan.order)})
+    todo, seen = [st.inputs[0]], set()
+    while todo:                           # every reader of the old version: lowered already
+        x = todo.pop()
+        for u in g.users(x):
+            if u == st.id or u in seen:
+                continue
+            seen.add(u)
+            if plan.kind.get(u) in VIEWS:
+                todo.append(u)
+            elif pos.get(u, -1) >= pos[n.id]:
+                return None
+    return st.id, region, state.dtype
 
 
 ROUTINES = {"elementwise": lower_elementwise, "where": lower_where, "causal": lower_causal,

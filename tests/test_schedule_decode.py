@@ -87,3 +87,18 @@ def test_concat_of_head_slices_matches_and_is_one_trip(machine):
 @pytest.mark.parametrize("shape", ["1, 64", "3, 8", "2, 2, 16"])
 def test_rope_in_one_chain_per_row_matches(machine, shape):
     _run_checked(f"input x : f16[{shape}]\noutput y = rope(x, 5)\n", machine)
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("src", [
+    # the new row assembled in the cache in place (no copy), old rows read after
+    "state s : f16[4, 64]\ninput a : f16[1, 24]\ninput b : f16[1, 40]\n"
+    "s[2:3, :] <- concat([a, b], axis=1)\noutput y = s[1:3, :] * 2.0\n",
+    # an old row of the state read after the store, a stored row in a 3-D state
+    "state s : f16[4, 64]\ninput a : f16[1, 24]\ninput b : f16[1, 40]\n"
+    "s[3:4, :] <- concat([b, a], axis=1)\noutput y = s[0:4, :] + 1.0\n",
+    "state s : f16[2, 3, 64]\ninput q : f16[1, 100]\n"
+    "s[1, 0:1, :] <- q[:, 30:94]\noutput y = s[1, :, :] + 1.0\n",
+])
+def test_a_moved_row_stored_in_a_state_matches(machine, src):
+    _run_checked(src, machine)
