@@ -217,7 +217,7 @@ def lower_move(lw, n):
     whole chunks of a state (decode's new cache row) is assembled there in place, the store's
     copy left out, where nothing lowered later reads the state's old version."""
     smap = movement.source_map(lw, n)
-    st = _store_in_place(lw, n, smap)
+    st = _store_in_place(lw, n, smap[0])
     if st is None:
         movement.assemble(lw, n, smap)
         return
@@ -229,8 +229,20 @@ def lower_move(lw, n):
 VIEWS = ("view", "mxm_t", "mxm_cvt", "alias")
 
 
-def _store_in_place(lw, n, smap):
-    """(store id, its region, dtype) where n can be assembled in the state, else None."""
+def lower_rope(lw, n):
+    """rope (movement.rope), in place in a state like lower_move's moves."""
+    st = _store_in_place(lw, n, n.inputs)
+    if st is None:
+        movement.rope(lw, n)
+        return
+    store, region, _ = st
+    movement.rope(lw, n, out=region.reshape(lw.grid[n.id].shape))
+    lw.__dict__.setdefault("_stored_by_move", set()).add(store)
+
+
+def _store_in_place(lw, n, src_ids):
+    """(store id, its region, dtype) where n (of sources src_ids) can be written in the state
+    it is stored in, else None."""
     g, plan = lw.g, lw.plan
     v = n
     while True:                           # (through reshapes that are views)
@@ -244,7 +256,7 @@ def _store_in_place(lw, n, smap):
     if st.op != "store" or st.inputs[1] != v.id or plan.kind.get(st.id) != "alias":
         return None
     state, _, region = _store_bounds(lw, st)
-    srcs = [g.node(i) for i in smap[0]]
+    srcs = [g.node(i) for i in src_ids]
     if region is None or any(x.dtype != state.dtype for x in srcs) or n.dtype != state.dtype \
             or region.size != lw.grid[n.id].size:
         return None
@@ -265,6 +277,6 @@ def _store_in_place(lw, n, smap):
 
 ROUTINES = {"elementwise": lower_elementwise, "where": lower_where, "causal": lower_causal,
             "reduce": lower_reduce.lower_reduce, "matmul": lower_mxm.lower_matmul, "move": lower_move,
-            "transpose": movement.transpose_any, "rope": movement.rope, "store": lower_store}
+            "transpose": movement.transpose_any, "rope": lower_rope, "store": lower_store}
 # op -> lowering routine, from the op table: an op with a VXM opcode is elementwise
 LOWER = {d.name: ROUTINES["elementwise" if d.vxm else d.lower] for d in ops.OPS.values() if d.vxm or d.lower}

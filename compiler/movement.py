@@ -235,30 +235,40 @@ def rope_tables(shape, pos, theta):
     return np.concatenate([cos, cos], axis=1), np.concatenate([-sin, sin], axis=1)
 
 
-def rope(lw, n):
+def rope(lw, n, out=None):
     """out = x * cos + rotate_half(x) * sin, rotate_half by lane assembly (its sign folded into
-    the sin table), the products and the sum on the VXM in f32. Where a row is one vector,
-    one chain per row: the SXM permutes x while the VXM multiplies x by cos, then the sum."""
+    the sin table), the products and the sum on the VXM in f32; with attr `hd`, per hd lanes
+    (the heads' ropes of a row: rewrite_rope). Where a row's every head lies in one vector,
+    one chain per vector: the SXM permutes x while the VXM multiplies x by cos, then the sum.
+    `out`: the grid written (default the node's own)."""
     x = lw.g.node(n.inputs[0])
-    HD = x.shape[-1]                      # even: the front end checks it
-    key = (tuple(x.shape[-2:]), n.attrs.get("pos", 0), n.attrs.get("theta", 10000.0))
+    W = x.shape[-1]
+    HD = n.attrs.get("hd", W)             # even: the front end checks it
+    key = (tuple(x.shape[-2:]), n.attrs.get("pos", 0), n.attrs.get("theta", 10000.0), HD)
     if key not in lw.rope_cache:
-        cos, sin = rope_tables(*key)
+        cos, sin = rope_tables(key[0][:-1] + (HD,), *key[1:3])
+        cos, sin = (np.tile(t, (1,) * (t.ndim - 1) + (W // HD,)) for t in (cos, sin))
         lw.rope_cache[key] = (lw.const_region(f"__rope_cos{n.id}", cos, "f32"),
                               lw.const_region(f"__rope_sin{n.id}", sin, "f32"))
     cg, sg = lw.rope_cache[key]
-    xg, out = lw.grid[x.id], lw.grid[n.id]
+    xg = lw.grid[x.id]
+    out = lw.grid[n.id] if out is None else out
     cgb, sgb = np.broadcast_to(cg, out.shape), np.broadcast_to(sg, out.shape)
-    if HD <= lw.lanes:
-        tab = np.full(lw.lanes, -1, np.int32)
-        tab[:HD] = (np.arange(HD) + HD // 2) % HD
-        tid = lw.ctx.table(tab)
+    lanes = lw.lanes
+    if HD <= lanes and all(h // lanes == (h + HD - 1) // lanes for h in range(0, W, HD)):
+        tids = []
+        for j in range(out.shape[-1]):
+            c = j * lanes + np.arange(min(lanes, W - j * lanes))
+            tab = np.full(lanes, -1, np.int32)
+            tab[:len(c)] = (c // HD) * HD + (c % HD + HD // 2) % HD - j * lanes
+            tids.append(lw.ctx.table(tab))
         rest = [ix for ix in np.ndindex(out.shape)
-                if not _rope_chain(lw, n, x.dtype, int(xg[ix]), tid, int(cgb[ix]), int(sgb[ix]), int(out[ix]), HD)]
+                if not _rope_chain(lw, n, x.dtype, int(xg[ix]), tids[ix[-1]], int(cgb[ix]), int(sgb[ix]),
+                                   int(out[ix]), min(lanes, W - ix[-1] * lanes))]
         if rest:
-            _rope_split(lw, n, x, cgb, sgb, rest)
+            _rope_split(lw, n, x, cgb, sgb, rest, out)
         return
-    _rope_split(lw, n, x, cgb, sgb, list(np.ndindex(out.shape)))
+    _rope_split(lw, n, x, cgb, sgb, list(np.ndindex(out.shape)), out)
 
 
 def _rope_chain(lw, n, xdt, xs, tid, cs, ss, dst, nv) -> bool:
@@ -294,20 +304,21 @@ def _rope_chain(lw, n, xdt, xs, tid, cs, ss, dst, nv) -> bool:
     return True
 
 
-def _rope_split(lw, n, x, cgb, sgb, where):
+def _rope_split(lw, n, x, cgb, sgb, where, out):
     """rope in four steps through SRAM: the rotation by lane assembly, two products, the sum
     (of the vectors at the indices `where`)."""
-    HD = x.shape[-1]
-    idx = np.arange(x.size, dtype=np.int64).reshape(x.shape)
+    W = x.shape[-1]
+    HD = n.attrs.get("hd", W)
+    idx = np.arange(x.size, dtype=np.int64).reshape(x.shape[:-1] + (W // HD, HD))
     rotated = np.concatenate([idx[..., HD // 2:], idx[..., :HD // 2]], axis=-1).reshape(-1)
     rot, rr = lw.temp(x.shape, x.dtype)
     assemble(lw, n, ([x.id], np.zeros(x.size, np.int64), rotated), dst=rot, dtype=x.dtype)
-    xg, out = lw.grid[x.id], lw.grid[n.id]
+    xg = lw.grid[x.id]
     t1, r1 = lw.temp(x.shape, "f32")
     t2, r2 = lw.temp(x.shape, "f32")
     mul, add = O.VXM_BINARY["MUL"], O.VXM_BINARY["ADD"]
     for ix in where:
-        nv = max(0, min(lw.lanes, HD - ix[-1] * lw.lanes))
+        nv = max(0, min(lw.lanes, W - ix[-1] * lw.lanes))
         vxm_chain(lw, n, mul, int(t1[ix]), "f32", nv, (int(xg[ix]), x.dtype), (int(cgb[ix]), "f32"))
         vxm_chain(lw, n, mul, int(t2[ix]), "f32", nv, (int(rot[ix]), x.dtype), (int(sgb[ix]), "f32"))
         vxm_chain(lw, n, add, int(out[ix]), n.dtype, nv, (int(t1[ix]), "f32"), (int(t2[ix]), "f32"))

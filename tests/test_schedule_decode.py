@@ -102,3 +102,21 @@ def test_rope_in_one_chain_per_row_matches(machine, shape):
 ])
 def test_a_moved_row_stored_in_a_state_matches(machine, src):
     _run_checked(src, machine)
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("rows,hd,heads", [(1, 8, 4), (3, 16, 2), (1, 64, 8), (2, 80, 4)])
+def test_the_heads_ropes_of_a_row_are_one_rope_and_match(machine, rows, hd, heads):
+    from lpu.compiler.frontend import elaborate_source
+    from lpu.compiler.rewrite_rope import heads_rope
+    m = MachineConfig.load(machine)
+    src = (f"state s : f16[4, {hd * heads}]\ninput x : f16[{rows}, {hd * heads}]\n"
+           f"r = concat([rope(x[:, i*{hd}:(i+1)*{hd}], 7) for i in 0..{heads}], axis=1)\n"
+           f"s[0:{rows}, :] <- r\noutput y = r * 1.0\noutput z = s[0:4, :] + 0.0\n")
+    _run_checked(src, machine)
+    g = heads_rope(elaborate_source(src, "d.lpu", {}), m.lanes)
+    one = [n for n in g.nodes() if n.op == "rope"]
+    in_chunks = m.lanes % hd == 0
+    assert len(one) == (1 if in_chunks else heads)
+    if in_chunks:
+        assert one[0].attrs["hd"] == hd and one[0].shape == (rows, hd * heads)
