@@ -244,6 +244,8 @@ def _store_in_place(lw, n, src_ids):
     """(store id, its region, dtype) where n (of sources src_ids) can be written in the state
     it is stored in, else None."""
     g, plan = lw.g, lw.plan
+    if any(a <= n.id < b for trips in g.loops for a, b in trips):
+        return None                       # (a loop trip's twins are replayed: stores too)
     v = n
     while True:                           # (through reshapes that are views)
         users = g.users(v.id)
