@@ -13,6 +13,7 @@ from lpu.compiler.budget import check_size
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.lower import lower
 from lpu.compiler.rewrite import rewrite
+from lpu.compiler.rewrite_rope import heads_rope
 from lpu.compiler.schedule import Scheduler
 from lpu.isa.machine import MachineConfig
 from lpu.isa.program import Program
@@ -49,7 +50,7 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
                    before=None, after=None) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
-    graph = rewrite(graph)            # layout choices as graph rewrites (rewrite.py)
+    graph = heads_rope(rewrite(graph), machine.lanes)   # layout choices as graph rewrites
     reg = Registry()
     sched = Scheduler(machine, reg)
     placing = [0.0]

@@ -1,6 +1,7 @@
-"""Chain builders shared by the lowering routines (lower_ops, lower_mxm, movement): one VXM
-instruction between SRAM reads and a write, one SXM lane move, an SXM move feeding the VXM, a
-step of a lane-reduction tree, and a converting copy. See chains.py for the building blocks."""
+"""Chain builders shared by the lowering routines (lower_ops, lower_reduce, lower_mxm,
+movement): one VXM instruction between SRAM reads and a write, one SXM lane move, an SXM move
+feeding the VXM, SXM moves gathered by a VXM tree (lane-reduction steps, lane assembly), and a
+converting copy. See chains.py for the building blocks."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,6 +13,8 @@ from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, dtype_width
 from lpu.isa.machine import EAST, WEST
 from lpu.isa.opcodes import NARGS
+
+NEG_INF_BITS = int(np.float32(-np.inf).view(np.int32))   # MASK's fill for max
 
 
 def imm_bits(value, compute_float: bool) -> int:
@@ -115,47 +118,53 @@ def sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv
     lw.chains.append(cb.chain())
 
 
-def lane_step_chain(lw, node, sop, shifts, src, vop, dst, cdt, out_dt, nv, post=None):
-    """One step of a lane reduction, radix len(shifts)+1: the SXM makes the shifted copies of
-    src in one cycle (one queue each), the VXM combines them with src in a small tree fed
-    straight from the streams, and the result is written to dst."""
-    c = lw.ctx
-    h = c.sxm_near(src[0])
-    spos, vpos = c.m.sxm_pos(h), c.m.vxm_pos
-    w, dt = dtype_width(src[1]), DTYPE_CODE[src[1]]
-    cb = ChainBuilder(c, node.line, node.id)
-    ts = -(c.lat[sop] + abs(vpos - spos))          # SXM issue offset; VXM at 0
-    gi = cb.read(src[0], w, spos, ts)
-    terms = [(cb.read(src[0], w, vpos, 0), dt)]
-    for i, k in enumerate(shifts):
-        g = cb.link(spos, vpos, 0, w)
-        cb.ins.append(Ins((c.sxm_q[h][i],), ts, sop, [0, 0, -k], ((0, gi, 0, dt), (1, g, 0, dt))))
-        terms.append((g, dt))
-    off, lat, wc = 0, c.lat[vop], dtype_width(cdt)
-    tail = None
-    while len(terms) > 1:
-        nxt = []
-        last = len(terms) <= 2
-        for j in range(0, len(terms) - 1, 2):
-            if last:
-                go, tail = _post_write(cb, c, dst, out_dt, off + lat, nv, post)
-            else:
-                go = (cb.link(vpos, vpos, off + lat, wc), DTYPE_CODE[cdt])
-            cb.vxm(vop, off, terms[j], terms[j + 1], go, nv=nv if last and post is None else c.lanes)
-            nxt.append(go)
-        if len(terms) % 2:
-            raise AssertionError("lane step radix must be a power of two")
-        terms, off = nxt, off + lat
-    if tail:
-        tail()
-    lw.chains.append(cb.chain())
-
-
 def copy(lw, srcn, src_grid, dst_grid, dtype, node):
-    """Copy (converting to `dtype`) every vector of src_grid into dst_grid."""
+    """Copy (converting to `dtype`) every vector of src_grid into dst_grid. A few vectors of
+    the same dtype go from slice to slice on a stream (no unit between: the hops between the
+    slices only), the others through the VXM (CONV)."""
     src_grid = np.broadcast_to(src_grid, dst_grid.shape).reshape(-1)
+    dst = dst_grid.reshape(-1)
     nvs = np.broadcast_to(nv_chunks(srcn.shape, lw.lanes, dst_grid.shape[-1]), dst_grid.shape).reshape(-1)
-    vxm_rows(lw, node, O.VXM_UNARY["CONV"], dst_grid.reshape(-1), dtype, nvs, (src_grid, srcn.dtype))
+    if dtype == srcn.dtype and len(dst) <= DIRECT_MAX:
+        todo = [i for i in range(len(dst)) if not stream_copy(lw, node, int(src_grid[i]), int(dst[i]), dtype)]
+        if not todo:
+            return
+        src_grid, dst, nvs = src_grid[todo], dst[todo], nvs[todo]
+    vxm_rows(lw, node, O.VXM_UNARY["CONV"], dst, dtype, nvs, (src_grid, srcn.dtype))
+
+
+DIRECT_MAX = 16      # vectors: larger copies (prefill) are batched through the VXM
+
+
+def stream_copy(lw, node, src, dst, dtype) -> bool:
+    """One vector READ onto a stream and WRITTEN where it passes, every plane flowing the same
+    way; False (nothing added) where the planes would flow both ways, or meet a bank twice."""
+    c = lw.ctx
+    w = dtype_width(dtype)
+    ns, nb, spos = c.nslices, c.banks, c.slice_pos
+    ps = [spos[(src + b) % ns] for b in range(w)]
+    qs = [spos[(dst + b) % ns] for b in range(w)]
+    if all(q > p for p, q in zip(ps, qs)):
+        d = EAST
+    elif all(q < p for p, q in zip(ps, qs)):
+        d = WEST
+    else:
+        return False
+    cb = ChainBuilder(c, node.line, node.id)
+    f = cb.f
+    koff = -qs[0] if d == EAST else qs[0]           # plane 0 written at offset 0
+    g = f.add_group(d, koff, w)
+    for slot, pos, op, tail, lat in ((src, ps, O.READ, c.read_tail, c.lat_read), (dst, qs, O.WRITE, c.write_tail, 0)):
+        for b in range(w):
+            at = koff + pos[b] if d == EAST else koff - pos[b]
+            s, row = (slot + b) % ns, (slot + b) // ns
+            f.ins.extend((c.mem_qg[s], at - lat, op, s * nb + row % nb, row % nb, row // nb) + tail)
+            f.p_data.extend((2, g, b, 0))
+        (f.r_data if op == O.READ else f.w_data).extend(range(slot, slot + w))
+    if cb.mem_conflict():
+        return False
+    lw.chains.append(cb.chain())
+    return True
 
 
 FEW = 24       # below this many vectors, vxm_rows builds them one by one
@@ -251,3 +260,111 @@ def vxm_rows(lw, node, op, outs, out_dt, nvs, a=None, b=None, imm=0, bimm=0, cut
         lw.chains.append(Rows(chains=chains[i:j], groups=grp[i:j], ins=ins[i:j], p_data=pat[i:j],
                               r_data=rd[i:j], w_data=g[i:j]))
         i = j
+
+
+def gather_chain(lw, node, direct, moved, vop, dst, cdt, out_dt, nv, post=None) -> bool:
+    """One chain: the vectors `direct` ((slot, dtype) each, read straight to the VXM when the
+    tree needs them) and the SXM moves `moved` ((slot, dtype, sop, param) each, on the SXM
+    nearest the slot, as many a cycle as it has queues and the streams take) combined by a
+    tree of VXM `vop` (in cdt), the root (or `post`, see _post_write) written to dst in
+    out_dt. A stream value is read in the cycle it arrives, so the tree is built cycle by
+    cycle: the values arriving in a cycle are paired, the moves fed in every `lat` cycles (the
+    VXM op's latency: values that arrive in other cycles would never meet) as many as the
+    queues take, a direct read or else a CONV (a delay) taking an odd one. False, with nothing
+    added, where it cannot be placed (two accesses on one bank in one cycle, or more streams
+    on a diagonal than the machine has)."""
+    c = lw.ctx
+    m = c.m
+    vpos, lat, wc = m.vxm_pos, c.lat[vop], dtype_width(cdt)
+    conv = O.VXM_UNARY["CONV"]
+    nstreams = m.streams_per_direction
+    cb = ChainBuilder(c, node.line, node.id)
+    use: dict = {}
+
+    def count(d, koff, w):
+        use[d, koff] = use.get((d, koff), 0) + w
+
+    def room(d, koff, w):
+        return use.get((d, koff), 0) + w <= nstreams
+
+    def read(slot, w, pos, at):
+        g = cb.read(slot, w, pos, at)
+        count(*cb.groups[g])
+        return g
+
+    nq = m.sxm_queues_per_hemisphere
+    todo, direct = list(moved), list(direct)
+    reads = {}                                    # (slot, hemisphere, cycle) -> READ group
+    arrive: dict = {}                             # cycle -> values: ("g", group, dt) or ("op", i)
+    ops = []                                      # (op, cycle, a, b)
+    t, budget = 0, 8 * (len(moved) + len(direct)) + 64
+    while True:
+        vals = arrive.pop(t, [])
+        used = {}
+        for item in list(todo) if t % lat == 0 else ():   # SXM moves, queues permitting
+            slot, dt, sop, param = item
+            h = c.sxm_near(slot)
+            spos, w = m.sxm_pos(h), dtype_width(dt)
+            d = EAST if vpos > spos else WEST
+            if used.get(h, 0) >= nq or not room(d, _koff_at(d, t, vpos), w):
+                continue
+            ts = t - (c.lat[sop] + abs(vpos - spos))
+            if (slot, h, ts) not in reads:
+                reads[slot, h, ts] = read(slot, w, spos, ts)
+            count(d, _koff_at(d, t, vpos), w)
+            g = cb.f.add_group(d, _koff_at(d, t, vpos), w)
+            cb.ins.append(Ins((c.sxm_q[h][used.get(h, 0)],), ts, sop, [0, 0, param],
+                              ((0, reads[slot, h, ts], 0, DTYPE_CODE[dt]), (1, g, 0, DTYPE_CODE[dt]))))
+            used[h] = used.get(h, 0) + 1
+            vals.append(("g", g, DTYPE_CODE[dt]))
+            todo.remove(item)
+        if len(vals) % 2 and direct:              # an odd count: a direct read evens it
+            slot, dt = direct.pop()
+            vals.append(("g", read(slot, dtype_width(dt), vpos, t), DTYPE_CODE[dt]))
+        if len(vals) == 1 and not todo and not direct and not arrive:
+            break
+        if len(vals) % 2:                         # the odd one waits a CONV for the others
+            ops.append((conv, t, vals.pop(), None))
+            arrive.setdefault(t + c.lat[conv], []).append(("op", len(ops) - 1))
+        if len(vals) // 2 + (len(vals) % 2) > m.vxm_alus:
+            return False
+        for i in range(0, len(vals), 2):
+            ops.append((vop, t, vals[i], vals[i + 1]))
+            arrive.setdefault(t + lat, []).append(("op", len(ops) - 1))
+        t += 1
+        budget -= 1
+        if budget < 0:
+            return False
+    if cb.mem_conflict():
+        return False
+    out = [None] * len(ops)                       # each op's output: (group, dtype code)
+    tail = None
+    cdc = DTYPE_CODE[cdt]
+    for i, (op, at, x, y) in enumerate(ops):
+        ready = at + c.lat[op]
+        if i == len(ops) - 1:
+            go, tail = _post_write(cb, c, dst, out_dt, ready, nv, post)
+        else:
+            d = next((d for d in (WEST, EAST) if room(d, _koff_at(d, ready, vpos), wc)), None)
+            if d is None:
+                return False
+            count(d, _koff_at(d, ready, vpos), wc)
+            go = (cb.f.add_group(d, _koff_at(d, ready, vpos), wc), cdc)
+        out[i] = go
+        ga, gb = ((v[1], v[2]) if v[0] == "g" else out[v[1]] for v in (x, y or x))
+        last = i == len(ops) - 1 and post is None
+        cb.vxm(op, at, ga, gb if y is not None else None, go, nv=nv if last else c.lanes)
+    if tail:
+        tail()
+    need = {}
+    for d, koff, w in cb.groups:
+        need[d, koff] = need.get((d, koff), 0) + w
+    if max(need.values()) > nstreams or cb.mem_conflict():
+        return False
+    lw.chains.append(cb.chain())
+    return True
+
+
+def _koff_at(d, arrive, pos):
+    """The diagonal offset of a group arriving at position `pos` at offset `arrive`."""
+    return arrive - pos if d == EAST else arrive + pos

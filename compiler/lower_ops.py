@@ -21,20 +21,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler import lower_fuse, lower_mxm, movement, ops
+from lpu.compiler import lower_fuse, lower_mxm, lower_reduce, movement, ops
 from lpu.compiler.lower_common import (
-    copy, imm_bits, lane_step_chain, nv_of, stage, sxm_chain, sxm_vxm_chain, vxm_chain,
+    NEG_INF_BITS, copy, imm_bits, nv_of, sxm_chain, vxm_chain,
 )
 from lpu.compiler.lower_common import nv_chunks, vxm_rows
 from lpu.compiler.chains import ChainBuilder
 from lpu.isa import opcodes as O
 from lpu.isa import dtypes
 from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
-from lpu.isa.machine import EAST, WEST
 
 NP_DTYPE = dtypes.NP_DTYPE          # (lower.py's constants)
 
-NEG_INF_BITS = int(np.float32(-np.inf).view(np.int32))
 
 
 # ---- elementwise ---------------------------------------------------------------------------
@@ -93,24 +91,34 @@ def lower_causal(lw, n):
                   imm=NEG_INF_BITS, cut=cut)
 
 
-def lower_store(lw, n):
+def _store_bounds(lw, n):
+    """(state node, bounds of the stored region per axis, its whole-chunk grid or None)."""
     state = lw.g.node(n.inputs[0])
-    val = lw.g.node(n.inputs[1])
     home = lw.grid[n.inputs[0]]
     idx = n.attrs["index"]
     shape = state.shape if state.shape else (1,)
-    nd = len(shape)
     bounds = [(e, e + 1) if isinstance(e, int) else tuple(e) for e in idx] + [(0, d) for d in shape[len(idx):]]
     start, stop = bounds[-1]
-    lead = tuple(slice(a, b) for a, b in bounds[:-1]) if nd > 1 else (slice(None),)
-    vgrid = lw.grid[n.inputs[1]]          # (the language stores tensors only, never a literal)
+    lead = tuple(slice(a, b) for a, b in bounds[:-1]) if len(shape) > 1 else (slice(None),)
+    region = None
     if start % lw.lanes == 0 and (stop == shape[-1] or stop % lw.lanes == 0):   # whole chunks
         region = home[lead + (slice(start // lw.lanes, -(-stop // lw.lanes)),)]
+    return state, bounds, region
+
+
+def lower_store(lw, n):
+    if n.id in lw.__dict__.get("_stored_by_move", ()):
+        return                            # (the value was assembled in place: lower_move)
+    state, bounds, region = _store_bounds(lw, n)
+    val = lw.g.node(n.inputs[1])
+    vgrid = lw.grid[n.inputs[1]]          # (the language stores tensors only, never a literal)
+    if region is not None:
         if vgrid.ndim != region.ndim:
             vgrid = vgrid.reshape((1,) * (region.ndim - vgrid.ndim) + vgrid.shape)
         copy(lw, val, vgrid, region, state.dtype, n)
         return
-    _store_lanes(lw, n, state, val, home[lead], bounds, vgrid)
+    lead = tuple(slice(a, b) for a, b in bounds[:-1]) if len(state.shape) > 1 else (slice(None),)
+    _store_lanes(lw, n, state, val, lw.grid[n.inputs[0]][lead], bounds, vgrid)
 
 
 def _store_lanes(lw, n, state, val, rows_grid, bounds, vgrid):
@@ -135,208 +143,6 @@ def _store_lanes(lw, n, state, val, rows_grid, bounds, vgrid):
              dtype=state.dtype, shape=row_shape)
     lw.free_temp(r1)
     lw.free_temp(r2)
-
-
-# ---- reductions ----------------------------------------------------------------------------
-def lower_reduce(lw, n):
-    src_n = lw.g.node(n.inputs[0])
-    src = lw.grid[n.inputs[0]]
-    out = lw.grid[n.id]
-    axis = n.attrs["axis"]
-    cdt = "f32" if n.dtype in FLOATS or src_n.dtype in FLOATS or n.op == "mean" else "i32"
-    vop = O.VXM_BINARY["MAX" if n.op == "max" else "ADD"]
-    count = src_n.shape[axis]
-    final_dt = n.dtype if n.op != "mean" else cdt
-    if axis != len(src_n.shape) - 1 and src_n.shape:     # across vectors: mean divides in the last chain
-        post = (O.VXM_BINARY["DIV"], imm_bits(count, cdt == "f32")) if n.op == "mean" else None
-        _reduce_vectors(lw, n, src_n, src, out, axis, cdt, n.dtype, vop, post)
-        return
-    post = (O.VXM_BINARY["DIV"], imm_bits(count, cdt == "f32"), n.dtype) if n.op == "mean" else None
-    _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post)
-
-
-def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop, post=None):
-    """Across vectors, in the pairwise order of `semantics.pairwise` (adjacent pairs, level by
-    level, an odd last item carried up): aligned blocks of `_tree_leaves` vectors are each
-    reduced by one chain, a tree of VXM ops fed straight from the streams; the blocks' partial
-    results (f32/i32 temps) are reduced the same way, level by level, until one is left. Blocks
-    of a level are independent chains, so they overlap on the ALUs."""
-    cur = np.moveaxis(src, axis, 0)
-    outv = np.moveaxis(out, axis, 0)[0]
-    count = cur.shape[0]
-    nvec = max(1, outv.size)
-    levels, k = [], count                 # partial results per level, until one is left
-    while k > 1:
-        k = -(-k // _tree_leaves(lw, src_n.dtype if not levels else cdt))
-        levels.append(k)
-    nt = sum(levels[:-1])
-    # one row of partials per output vector: a block's partials lie in consecutive slots, on
-    # different slices, so one chain can read them together
-    tmp, region = lw.temp((nvec, nt * lw.lanes), cdt) if nt else (None, None)
-    base, held = 0, []
-    items = [[(int(cur[(i,) + idx]), src_n.dtype) for i in range(count)] for idx in np.ndindex(outv.shape)]
-    idxs = list(np.ndindex(outv.shape))
-    if count == 1:
-        for j, idx in enumerate(idxs):
-            nv = nv_of(n.shape, lw.lanes, idx[-1])
-            _tree_chain(lw, n, vop, items[j], (int(outv[idx]), final_dt), nv, held, post)
-    for li, k in enumerate(levels):
-        last = li == len(levels) - 1
-        nxt = []
-        for j, idx in enumerate(idxs):
-            nv = nv_of(n.shape, lw.lanes, idx[-1])
-            leaves = _tree_leaves(lw, items[j][0][1])
-            parts = []
-            for b in range(k):
-                blk = items[j][b * leaves:(b + 1) * leaves]
-                if len(blk) == 1 and not last:     # a lone vector joins the next level as it is
-                    parts.append(blk[0])
-                    continue
-                d = (int(outv[idx]), final_dt) if last else (int(tmp[j, base + b]), cdt)
-                _tree_chain(lw, n, vop, blk, d, nv if last else lw.lanes, held, post if last else None)
-                parts.append(d)
-            nxt.append(parts)
-        items, base = nxt, base + k
-        for r in held:                    # (the next level's fallbacks may reuse them)
-            lw.free_temp(r)
-        held.clear()
-    if region is not None:
-        lw.free_temp(region)
-
-
-def _tree_leaves(lw, leaf_dt) -> int:
-    """Vectors one tree chain reduces: a power of two whose ops fit the ALUs and whose leaves
-    and first-level results (f32, their links alternating direction) fit the streams."""
-    m = lw.m
-    w, wc, k = dtype_width(leaf_dt), dtype_width("f32"), 2
-    while (2 * k - 1 <= m.vxm_alus and 2 * k * w <= m.streams_per_direction
-           and k * wc <= m.streams_per_direction):
-        k *= 2
-    return k
-
-
-def _too_wide(cb, streams) -> bool:
-    """More stream planes on one diagonal of one direction than the machine has."""
-    need = {}
-    for d, koff, w in cb.groups:
-        need[d, koff] = need.get((d, koff), 0) + w
-    return max(need.values()) > streams
-
-
-def _tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
-    """One chain: the pairwise tree of `leaves` ((slot, dtype) each) on the VXM, every op fed
-    from the streams at the cycle its operands are ready; the root (or `post`, an op with an
-    immediate applied to it, e.g. mean's division) is written to dst = (slot, dtype)."""
-    c = lw.ctx
-    lat = c.lat[vop]
-    cdt = "f32" if dst[1] in FLOATS or leaves[0][1] in FLOATS else "i32"
-    nodes = [("leaf", lf) for lf in leaves]
-    while len(nodes) > 1:
-        odd = nodes[-1:] if len(nodes) % 2 else []
-        nodes = [("op", nodes[i], nodes[i + 1]) for i in range(0, len(nodes) - 1, 2)] + odd
-    root = nodes[0]
-    if root[0] == "leaf":                 # one vector: a converting copy
-        vxm_chain(lw, n, O.VXM_UNARY["CONV"], dst[0], dst[1], nv, root[1])
-        return
-    cb = ChainBuilder(c, n.line, n.id)
-    vpos = c.m.vxm_pos
-    wc = dtype_width(cdt)
-    turn = [1]
-
-    def emit(node, off, out):
-        """node's op at `off`, its result going to the group `out`."""
-        ops_ = []
-        for ch in node[1:]:
-            if ch[0] == "leaf":
-                ops_.append((cb.read(ch[1][0], dtype_width(ch[1][1]), vpos, off), DTYPE_CODE[ch[1][1]]))
-            else:
-                turn[0] ^= 1
-                d = EAST if turn[0] else WEST
-                g = cb.f.add_group(d, off - vpos if d == EAST else off + vpos, wc)
-                emit(ch, off - c.lat[vop], (g, DTYPE_CODE[cdt]))
-                ops_.append((g, DTYPE_CODE[cdt]))
-        cb.vxm(vop, off, ops_[0], ops_[1], out, nv=nv if node is root and post is None else c.lanes)
-
-    if post is None:
-        emit(root, 0, (cb.write(dst[0], dtype_width(dst[1]), vpos, lat), DTYPE_CODE[dst[1]]))
-    else:
-        pop, imm = post
-        g = cb.f.add_group(WEST, lat + vpos, wc)
-        emit(root, 0, (g, DTYPE_CODE[cdt]))
-        go = (cb.write(dst[0], dtype_width(dst[1]), vpos, lat + c.lat[pop]), DTYPE_CODE[dst[1]])
-        cb.vxm(pop, lat, (g, DTYPE_CODE[cdt]), None, go, nv=nv, imm=imm, bimm=1)
-    conflict = cb.mem_conflict()
-    if len(leaves) == 2 and conflict:     # two leaves on one bank in one cycle: copy one first
-        _tree_chain(lw, n, vop, [leaves[0], stage(lw, n, leaves[1], leaves[0])], dst, nv, held, post)
-        return
-    if len(leaves) > 2 and (conflict or _too_wide(cb, c.m.streams_per_direction)):   # halves, then join
-        half = 1 << (len(leaves) - 1).bit_length() - 1
-        tgrid, region = lw.temp((2, lw.lanes), cdt)
-        held.append(region)               # freed after the level: no reuse, no waits within it
-        a, b = (int(tgrid[0, 0]), cdt), (int(tgrid[1, 0]), cdt)
-        _tree_chain(lw, n, vop, leaves[:half], a, lw.lanes, held)
-        _tree_chain(lw, n, vop, leaves[half:], b, lw.lanes, held)
-        _tree_chain(lw, n, vop, [a, b], dst, nv, held, post)
-        return
-    lw.chains.append(cb.chain())
-
-
-def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
-    """Per row: combine the chunks into one vector (in a temp; one pairwise tree chain when a
-    chain takes them all, else in turn), then a lane tree in place, radix
-    4 where the SXM has the queues: t = t op SHIFT(t, -s) op SHIFT(t, -2s) op SHIFT(t, -3s),
-    s = 1, 4, 16, ... (ROTATE for max, whose padding lanes are first set to -inf)."""
-    lanes = lw.lanes
-    c = src_n.shape[-1] if src_n.shape else 1
-    is_max = n.op == "max"
-    sop = O.ROTATE if is_max else O.SHIFT
-    chunks = src.shape[-1]
-    lead_shape = src.shape[:-1]
-    nrows = int(np.prod(lead_shape, dtype=np.int64))
-    t1, r1 = lw.temp((nrows, 2 * lanes), cdt)       # two scratch vectors per row: rows pipeline
-    t1 = t1.reshape(lead_shape + (2,))
-    width = min(c, lanes)
-    # radix 4 needs three SXM queues and four f32 stream groups on one diagonal
-    radix = 4 if lw.m.sxm_queues_per_hemisphere >= 3 and lw.m.streams_per_direction >= 16 else 2
-    plan = []                         # the shifts of each step: radix-1 copies, 1, r, r^2, ...
-    span = 1
-    while span < width:
-        plan.append([span * j for j in range(1, radix) if span * j < width])
-        span *= radix
-    steps = len(plan)
-    held, tree = [], _tree_leaves(lw, src_n.dtype)
-    for lead in np.ndindex(src.shape[:-1]):
-        ta, tb = int(t1[lead + (0,)]), int(t1[lead + (1,)])
-        dst = int(out[lead + (0,)])
-        vecs = [(int(src[lead + (j,)]), src_n.dtype) for j in range(chunks)]
-        if is_max and c % lanes:
-            vxm_chain(lw, n, O.MASK, tb, cdt, lanes, vecs[-1], imm=NEG_INF_BITS, cut=c - (chunks - 1) * lanes)
-            vecs[-1] = (tb, cdt)
-        cur = vecs[0]
-        if 1 < chunks <= tree:            # the chunks in one pairwise tree chain
-            _tree_chain(lw, n, vop, vecs, (ta, cdt), lanes, held)
-            cur = (ta, cdt)
-        for j in range(1, chunks if chunks > tree else 0):   # (more than a chain takes: in turn)
-            vxm_chain(lw, n, vop, ta, cdt, lanes, cur, vecs[j])
-            cur = (ta, cdt)
-        if steps == 0:
-            if post is None:
-                vxm_chain(lw, n, O.VXM_UNARY["CONV"], dst, final_dt, 1, cur)
-            else:                         # (a mean of one lane: the division alone)
-                vxm_chain(lw, n, post[0], dst, post[2], 1, cur, imm=post[1], bimm=1)
-            continue
-        for si, shifts in enumerate(plan):
-            d, ddt, nv = (dst, final_dt, 1) if si == steps - 1 else (ta, cdt, lanes)
-            pst = post if si == steps - 1 else None
-            if len(shifts) == 1:
-                sxm_vxm_chain(lw, n, sop, -shifts[0], cur[0], vop, cur, d, cur[1], ddt, nv, pst)
-            else:
-                if len(shifts) == 2:      # pad to a power of two with a shift that adds nothing
-                    shifts = shifts + [lanes] if sop == O.SHIFT else shifts + [shifts[0]]
-                lane_step_chain(lw, n, sop, shifts, cur, vop, d, cdt, ddt, nv, pst)
-            cur = (d, ddt)
-    for r in held + [r1]:
-        lw.free_temp(r)
 
 
 # ---- where ---------------------------------------------------------------------------------
@@ -407,12 +213,72 @@ def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y) -> bool:
 
 # ---- data movement -------------------------------------------------------------------------
 def lower_move(lw, n):
-    """slice / concat / reshape that move data between lanes."""
-    movement.assemble(lw, n, movement.source_map(lw, n))
+    """slice / concat / reshape that move data between lanes; one whose only user stores it in
+    whole chunks of a state (decode's new cache row) is assembled there in place, the store's
+    copy left out, where nothing lowered later reads the state's old version."""
+    smap = movement.source_map(lw, n)
+    st = _store_in_place(lw, n, smap[0])
+    if st is None:
+        movement.assemble(lw, n, smap)
+        return
+    store, region, dtype = st
+    movement.assemble(lw, n, smap, dst=region.reshape(-1, region.shape[-1]), dtype=dtype, shape=n.shape)
+    lw.__dict__.setdefault("_stored_by_move", set()).add(store)
+
+
+VIEWS = ("view", "mxm_t", "mxm_cvt", "alias")
+
+
+def lower_rope(lw, n):
+    """rope (movement.rope), in place in a state like lower_move's moves."""
+    st = _store_in_place(lw, n, n.inputs)
+    if st is None:
+        movement.rope(lw, n)
+        return
+    store, region, _ = st
+    movement.rope(lw, n, out=region.reshape(lw.grid[n.id].shape))
+    lw.__dict__.setdefault("_stored_by_move", set()).add(store)
+
+
+def _store_in_place(lw, n, src_ids):
+    """(store id, its region, dtype) where n (of sources src_ids) can be written in the state
+    it is stored in, else None."""
+    g, plan = lw.g, lw.plan
+    if any(a <= n.id < b for trips in g.loops for a, b in trips):
+        return None                       # (a loop trip's twins are replayed: stores too)
+    v = n
+    while True:                           # (through reshapes that are views)
+        users = g.users(v.id)
+        if len(users) != 1 or v.id in g.outputs.values():
+            return None
+        st = g.node(users[0])
+        if st.op != "reshape" or plan.kind.get(st.id) != "view":
+            break
+        v = st
+    if st.op != "store" or st.inputs[1] != v.id or plan.kind.get(st.id) != "alias":
+        return None
+    state, _, region = _store_bounds(lw, st)
+    srcs = [g.node(i) for i in src_ids]
+    if region is None or any(x.dtype != state.dtype for x in srcs) or n.dtype != state.dtype \
+            or region.size != lw.grid[n.id].size:
+        return None
+    pos = lw.__dict__.setdefault("_plan_pos", {nid: i for i, nid in enumerate(plan.order)})
+    todo, seen = [st.inputs[0]], set()
+    while todo:                           # every reader of the old version: lowered already
+        x = todo.pop()
+        for u in g.users(x):
+            if u == st.id or u in seen:
+                continue
+            seen.add(u)
+            if plan.kind.get(u) in VIEWS:
+                todo.append(u)
+            elif pos.get(u, -1) >= pos[n.id]:
+                return None
+    return st.id, region, state.dtype
 
 
 ROUTINES = {"elementwise": lower_elementwise, "where": lower_where, "causal": lower_causal,
-            "reduce": lower_reduce, "matmul": lower_mxm.lower_matmul, "move": lower_move,
-            "transpose": movement.transpose_any, "rope": movement.rope, "store": lower_store}
+            "reduce": lower_reduce.lower_reduce, "matmul": lower_mxm.lower_matmul, "move": lower_move,
+            "transpose": movement.transpose_any, "rope": lower_rope, "store": lower_store}
 # op -> lowering routine, from the op table: an op with a VXM opcode is elementwise
 LOWER = {d.name: ROUTINES["elementwise" if d.vxm else d.lower] for d in ops.OPS.values() if d.vxm or d.lower}

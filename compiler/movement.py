@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.chains import ChainBuilder, sxm_rows
-from lpu.compiler.lower_common import sxm_vxm_chain, vxm_chain
+from lpu.compiler.lower_common import gather_chain, sxm_vxm_chain, vxm_chain
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, dtype_width
+from lpu.isa.machine import EAST, WEST
 
 
 def source_map(lw, n):
@@ -40,11 +41,15 @@ def source_map(lw, n):
     raise AssertionError(n.op)
 
 
+GATHER_MAX = 16    # (pieces beyond the first of their vector: see assemble)
+
+
 def assemble(lw, n, smap, dst=None, dtype=None, shape=None):
     """Build every vector of `dst` (default: the node's own grid, of `shape`) from the source
     map; its sources are node ids, or (grid, shape, dtype) of regions that are not nodes.
     The pieces (output vector, source, source vector) and their tables are found with numpy
-    for all vectors at once; runs of plain permutes become chains in one batch."""
+    for all vectors at once; runs of vectors of one piece become permute chains in one batch,
+    a vector of several pieces one chain (permutes summed on the VXM as they arrive)."""
     ids, src_in, src_flat = smap
     lanes = lw.lanes
     dst = lw.grid[n.id] if dst is None else dst
@@ -61,7 +66,7 @@ def assemble(lw, n, smap, dst=None, dtype=None, shape=None):
             x = lw.g.node(i)
             grid, xs, xdt = lw.grid[i], (x.shape if x.shape else (1,)), x.dtype
         srcs.append((grid.reshape(-1, grid.shape[-1]), xs[-1], xdt))
-    p_ov, p_k, p_vec, p_first, tables = _pieces(lanes, R, J, C, src_in, src_flat, srcs)
+    p_ov, p_k, p_vec, tables = _pieces(lanes, R, J, C, src_in, src_flat, srcs)
     # every output vector in order: its pieces, or one empty piece (k = -1) if it has none
     empty = np.setdiff1d(np.arange(R * J), p_ov)
     if len(empty):
@@ -69,7 +74,6 @@ def assemble(lw, n, smap, dst=None, dtype=None, shape=None):
         p_ov = np.concatenate([p_ov, empty])[o]
         p_k = np.concatenate([p_k, np.full(len(empty), -1)])[o]
         p_vec = np.concatenate([p_vec, np.zeros(len(empty), np.int64)])[o]
-        p_first = np.concatenate([p_first, np.ones(len(empty), bool)])[o]
         tables = np.concatenate([tables, np.full((len(empty), lanes), -1, np.int32)])[o]
     tid = _table_ids(lw.ctx, tables)
     p_src = np.zeros(len(p_ov), np.int64)
@@ -90,29 +94,48 @@ def assemble(lw, n, smap, dst=None, dtype=None, shape=None):
                                       dtype_width(run_dt), DTYPE_CODE[run_dt], tid[idx]))
             run.clear()
 
-    kl, fl, ovl = p_k.tolist(), p_first.tolist(), p_ov.tolist()
-    for i in range(len(kl)):
+    kl, ovl = p_k.tolist(), p_ov.tolist()
+    # a chain per vector of several pieces pays where they are few (latency); many such
+    # vectors keep the SXM busy either way, and rigid chains of several permutes place later
+    few = len(kl) - len(np.unique(p_ov)) <= GATHER_MAX
+    i = 0
+    while i < len(kl):
+        j = i + 1
+        while j < len(kl) and ovl[j] == ovl[i]:
+            j += 1
         k = kl[i]
-        if fl[i]:
-            dt = srcs[k][2] if k >= 0 else dtype
+        dt = srcs[k][2] if k >= 0 else dtype
+        ov = ovl[i]
+        out = int(flat_rows[ov])
+        nv = max(0, min(lanes, C - (ov % J) * lanes))
+        if j - i > 1 and few:             # pieces of one vector: permuted and summed in one chain
+            flush()
+            moved = [(int(p_src[x]), srcs[kl[x]][2], O.PERMUTE, int(tid[x])) for x in range(i, j)]
+            if gather_chain(lw, n, [], moved, add, out, dtype, dtype, nv):
+                i = j
+                continue
+        if j - i > 1:                     # the first piece permuted, each other one added in turn
             if dt != run_dt:
                 flush()
                 run_dt = dt
             run.append(i)
-        else:
             flush()
-            ov = ovl[i]
-            out = int(flat_rows[ov])
-            nv = max(0, min(lanes, C - (ov % J) * lanes))
-            sxm_vxm_chain(lw, n, O.PERMUTE, int(tid[i]), int(p_src[i]), add, (out, dtype), out,
-                          srcs[k][2], dtype, nv)
+            for x in range(i + 1, j):
+                sxm_vxm_chain(lw, n, O.PERMUTE, int(tid[x]), int(p_src[x]), add, (out, dtype), out,
+                              srcs[kl[x]][2], dtype, nv)
+            i = j
+            continue
+        if dt != run_dt:
+            flush()
+            run_dt = dt
+        run.append(i)
+        i = j
     flush()
 
 
 def _pieces(lanes, R, J, C, src_in, src_flat, srcs):
     """The pieces of lane assembly, ordered by output vector, then source, then source
-    vector: (output vector, source, source vector, first piece of its output vector?,
-    tables [pieces, lanes] int32)."""
+    vector: (output vector, source, source vector, tables [pieces, lanes] int32)."""
     c = np.arange(C)
     c = c[c // lanes < J]
     e = (np.arange(R)[:, None] * C + c[None, :]).reshape(-1)
@@ -127,12 +150,10 @@ def _pieces(lanes, R, J, C, src_in, src_flat, srcs):
     ov, ks, vec, lane, outl = ov[o], ks[o], vec[o], lane[o], outl[o]
     new = np.ones(len(ov), bool)
     new[1:] = (ov[1:] != ov[:-1]) | (ks[1:] != ks[:-1]) | (vec[1:] != vec[:-1])
-    first = np.ones(len(ov), bool)
-    first[1:] = ov[1:] != ov[:-1]
     pid = np.cumsum(new) - 1
     tables = np.full((int(new.sum()), lanes), -1, np.int32)
     tables[pid, outl] = lane
-    return ov[new], ks[new], vec[new], first[new], tables
+    return ov[new], ks[new], vec[new], tables
 
 
 def _table_ids(ctx, tables):
@@ -214,28 +235,90 @@ def rope_tables(shape, pos, theta):
     return np.concatenate([cos, cos], axis=1), np.concatenate([-sin, sin], axis=1)
 
 
-def rope(lw, n):
+def rope(lw, n, out=None):
     """out = x * cos + rotate_half(x) * sin, rotate_half by lane assembly (its sign folded into
-    the sin table), the products and the sum on the VXM in f32."""
+    the sin table), the products and the sum on the VXM in f32; with attr `hd`, per hd lanes
+    (the heads' ropes of a row: rewrite_rope). Where a row's every head lies in one vector,
+    one chain per vector: the SXM permutes x while the VXM multiplies x by cos, then the sum.
+    `out`: the grid written (default the node's own)."""
     x = lw.g.node(n.inputs[0])
-    HD = x.shape[-1]                      # even: the front end checks it
-    idx = np.arange(x.size, dtype=np.int64).reshape(x.shape)
-    rotated = np.concatenate([idx[..., HD // 2:], idx[..., :HD // 2]], axis=-1).reshape(-1)
-    rot, rr = lw.temp(x.shape, x.dtype)
-    assemble(lw, n, ([x.id], np.zeros(x.size, np.int64), rotated), dst=rot, dtype=x.dtype)
-    key = (tuple(x.shape[-2:]), n.attrs.get("pos", 0), n.attrs.get("theta", 10000.0))
+    W = x.shape[-1]
+    HD = n.attrs.get("hd", W)             # even: the front end checks it
+    key = (tuple(x.shape[-2:]), n.attrs.get("pos", 0), n.attrs.get("theta", 10000.0), HD)
     if key not in lw.rope_cache:
-        cos, sin = rope_tables(*key)
+        cos, sin = rope_tables(key[0][:-1] + (HD,), *key[1:3])
+        cos, sin = (np.tile(t, (1,) * (t.ndim - 1) + (W // HD,)) for t in (cos, sin))
         lw.rope_cache[key] = (lw.const_region(f"__rope_cos{n.id}", cos, "f32"),
                               lw.const_region(f"__rope_sin{n.id}", sin, "f32"))
     cg, sg = lw.rope_cache[key]
-    xg, out = lw.grid[x.id], lw.grid[n.id]
+    xg = lw.grid[x.id]
+    out = lw.grid[n.id] if out is None else out
+    cgb, sgb = np.broadcast_to(cg, out.shape), np.broadcast_to(sg, out.shape)
+    lanes = lw.lanes
+    if HD <= lanes and all(h // lanes == (h + HD - 1) // lanes for h in range(0, W, HD)):
+        tids = []
+        for j in range(out.shape[-1]):
+            c = j * lanes + np.arange(min(lanes, W - j * lanes))
+            tab = np.full(lanes, -1, np.int32)
+            tab[:len(c)] = (c // HD) * HD + (c % HD + HD // 2) % HD - j * lanes
+            tids.append(lw.ctx.table(tab))
+        rest = [ix for ix in np.ndindex(out.shape)
+                if not _rope_chain(lw, n, x.dtype, int(xg[ix]), tids[ix[-1]], int(cgb[ix]), int(sgb[ix]),
+                                   int(out[ix]), min(lanes, W - ix[-1] * lanes))]
+        if rest:
+            _rope_split(lw, n, x, cgb, sgb, rest, out)
+        return
+    _rope_split(lw, n, x, cgb, sgb, list(np.ndindex(out.shape)), out)
+
+
+def _rope_chain(lw, n, xdt, xs, tid, cs, ss, dst, nv) -> bool:
+    """One row of rope in one chain; False (nothing added) where it cannot be placed."""
+    c = lw.ctx
+    vpos = c.m.vxm_pos
+    h = c.sxm_near(xs)
+    spos = c.m.sxm_pos(h)
+    w, dt, f32 = dtype_width(xdt), DTYPE_CODE[xdt], DTYPE_CODE["f32"]
+    mul, add = O.VXM_BINARY["MUL"], O.VXM_BINARY["ADD"]
+    cb = ChainBuilder(c, n.line, n.id)
+    ts = -(c.lat[O.PERMUTE] + abs(vpos - spos))
+    gi = cb.read(xs, w, spos, ts)
+    g_r = cb.link(spos, vpos, 0, w)
+    cb.sxm(O.PERMUTE, h, ts, (gi, dt), (g_r, dt), tid)
+    g_x = cb.read(xs, w, vpos, 0)
+    g_c = cb.read(cs, 4, vpos, 0)
+    g_s = cb.read(ss, 4, vpos, 0)
+    lm = c.lat[mul]
+    l1 = cb.f.add_group(EAST, lm - vpos, 4)
+    l2 = cb.f.add_group(WEST, lm + vpos, 4)
+    cb.vxm(mul, 0, (g_x, dt), (g_c, f32), (l1, f32), nv=c.lanes)
+    cb.vxm(mul, 0, (g_r, dt), (g_s, f32), (l2, f32), nv=c.lanes)
+    odt = lw.g.node(n.id).dtype
+    go = cb.write(dst, dtype_width(odt), vpos, lm + c.lat[add])
+    cb.vxm(add, lm, (l1, f32), (l2, f32), (go, DTYPE_CODE[odt]), nv=nv)
+    need = {}
+    for d, koff, gw in cb.groups:
+        need[d, koff] = need.get((d, koff), 0) + gw
+    if cb.mem_conflict() or max(need.values()) > c.m.streams_per_direction:
+        return False
+    lw.chains.append(cb.chain())
+    return True
+
+
+def _rope_split(lw, n, x, cgb, sgb, where, out):
+    """rope in four steps through SRAM: the rotation by lane assembly, two products, the sum
+    (of the vectors at the indices `where`)."""
+    W = x.shape[-1]
+    HD = n.attrs.get("hd", W)
+    idx = np.arange(x.size, dtype=np.int64).reshape(x.shape[:-1] + (W // HD, HD))
+    rotated = np.concatenate([idx[..., HD // 2:], idx[..., :HD // 2]], axis=-1).reshape(-1)
+    rot, rr = lw.temp(x.shape, x.dtype)
+    assemble(lw, n, ([x.id], np.zeros(x.size, np.int64), rotated), dst=rot, dtype=x.dtype)
+    xg = lw.grid[x.id]
     t1, r1 = lw.temp(x.shape, "f32")
     t2, r2 = lw.temp(x.shape, "f32")
-    cgb, sgb = np.broadcast_to(cg, out.shape), np.broadcast_to(sg, out.shape)
     mul, add = O.VXM_BINARY["MUL"], O.VXM_BINARY["ADD"]
-    for ix in np.ndindex(out.shape):
-        nv = max(0, min(lw.lanes, HD - ix[-1] * lw.lanes))
+    for ix in where:
+        nv = max(0, min(lw.lanes, W - ix[-1] * lw.lanes))
         vxm_chain(lw, n, mul, int(t1[ix]), "f32", nv, (int(xg[ix]), x.dtype), (int(cgb[ix]), "f32"))
         vxm_chain(lw, n, mul, int(t2[ix]), "f32", nv, (int(rot[ix]), x.dtype), (int(sgb[ix]), "f32"))
         vxm_chain(lw, n, add, int(out[ix]), n.dtype, nv, (int(t1[ix]), "f32"), (int(t2[ix]), "f32"))

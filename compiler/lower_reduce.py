@@ -1,0 +1,301 @@
+"""Lowering of reductions (see lower_ops for the other op families).
+
+  over the last axis   the chunks of a row combined on the VXM, then a lane tree: each step
+                       one chain in which the SXM makes shifted copies of the row (as many a
+                       cycle as it has queues) and a VXM tree adds them to it as they arrive
+                       (ROTATE and MAX for max); the steps' radix chosen by the latency of
+                       the trips between the VXM and the SXM against the SXM's issue cycles
+  over other axes      pairwise trees of VXM ops across vectors, fed from the streams, one
+                       chain per block of vectors (as many as the ALUs and streams allow),
+                       then over the blocks
+"""
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import numpy as np
+
+from lpu.compiler.chains import ChainBuilder
+from lpu.compiler.lower_common import (
+    NEG_INF_BITS, gather_chain, imm_bits, nv_of, stage, sxm_chain, sxm_vxm_chain, vxm_chain,
+)
+from lpu.isa import opcodes as O
+from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
+from lpu.isa.machine import EAST, WEST
+
+# ---- reductions ----------------------------------------------------------------------------
+def lower_reduce(lw, n):
+    src_n = lw.g.node(n.inputs[0])
+    src = lw.grid[n.inputs[0]]
+    out = lw.grid[n.id]
+    axis = n.attrs["axis"]
+    cdt = "f32" if n.dtype in FLOATS or src_n.dtype in FLOATS or n.op == "mean" else "i32"
+    vop = O.VXM_BINARY["MAX" if n.op == "max" else "ADD"]
+    count = src_n.shape[axis]
+    final_dt = n.dtype if n.op != "mean" else cdt
+    if axis != len(src_n.shape) - 1 and src_n.shape:     # across vectors: mean divides in the last chain
+        post = (O.VXM_BINARY["DIV"], imm_bits(count, cdt == "f32")) if n.op == "mean" else None
+        _reduce_vectors(lw, n, src_n, src, out, axis, cdt, n.dtype, vop, post)
+        return
+    post = (O.VXM_BINARY["DIV"], imm_bits(count, cdt == "f32"), n.dtype) if n.op == "mean" else None
+    _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post)
+
+
+def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop, post=None):
+    """Across vectors, in the pairwise order of `semantics.pairwise` (adjacent pairs, level by
+    level, an odd last item carried up): aligned blocks of `_tree_leaves` vectors are each
+    reduced by one chain, a tree of VXM ops fed straight from the streams; the blocks' partial
+    results (f32/i32 temps) are reduced the same way, level by level, until one is left. Blocks
+    of a level are independent chains, so they overlap on the ALUs."""
+    cur = np.moveaxis(src, axis, 0)
+    outv = np.moveaxis(out, axis, 0)[0]
+    count = cur.shape[0]
+    nvec = max(1, outv.size)
+    levels, k = [], count                 # partial results per level, until one is left
+    while k > 1:
+        k = -(-k // _tree_leaves(lw, src_n.dtype if not levels else cdt))
+        levels.append(k)
+    nt = sum(levels[:-1])
+    # one row of partials per output vector: a block's partials lie in consecutive slots, on
+    # different slices, so one chain can read them together
+    tmp, region = lw.temp((nvec, nt * lw.lanes), cdt) if nt else (None, None)
+    base, held = 0, []
+    items = [[(int(cur[(i,) + idx]), src_n.dtype) for i in range(count)] for idx in np.ndindex(outv.shape)]
+    idxs = list(np.ndindex(outv.shape))
+    if count == 1:
+        for j, idx in enumerate(idxs):
+            nv = nv_of(n.shape, lw.lanes, idx[-1])
+            _tree_chain(lw, n, vop, items[j], (int(outv[idx]), final_dt), nv, held, post)
+    for li, k in enumerate(levels):
+        last = li == len(levels) - 1
+        nxt = []
+        for j, idx in enumerate(idxs):
+            nv = nv_of(n.shape, lw.lanes, idx[-1])
+            leaves = _tree_leaves(lw, items[j][0][1])
+            parts = []
+            for b in range(k):
+                blk = items[j][b * leaves:(b + 1) * leaves]
+                if len(blk) == 1 and not last:     # a lone vector joins the next level as it is
+                    parts.append(blk[0])
+                    continue
+                d = (int(outv[idx]), final_dt) if last else (int(tmp[j, base + b]), cdt)
+                _tree_chain(lw, n, vop, blk, d, nv if last else lw.lanes, held, post if last else None)
+                parts.append(d)
+            nxt.append(parts)
+        items, base = nxt, base + k
+        for r in held:                    # (the next level's fallbacks may reuse them)
+            lw.free_temp(r)
+        held.clear()
+    if region is not None:
+        lw.free_temp(region)
+
+
+def _tree_leaves(lw, leaf_dt) -> int:
+    """Vectors one tree chain reduces: a power of two whose ops fit the ALUs and whose leaves
+    and first-level results (f32, their links alternating direction) fit the streams."""
+    m = lw.m
+    w, wc, k = dtype_width(leaf_dt), dtype_width("f32"), 2
+    while (2 * k - 1 <= m.vxm_alus and 2 * k * w <= m.streams_per_direction
+           and k * wc <= m.streams_per_direction):
+        k *= 2
+    return k
+
+
+def _too_wide(cb, streams) -> bool:
+    """More stream planes on one diagonal of one direction than the machine has."""
+    need = {}
+    for d, koff, w in cb.groups:
+        need[d, koff] = need.get((d, koff), 0) + w
+    return max(need.values()) > streams
+
+
+def _tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
+    """One chain: the pairwise tree of `leaves` ((slot, dtype) each) on the VXM, every op fed
+    from the streams at the cycle its operands are ready; the root (or `post`, an op with an
+    immediate applied to it, e.g. mean's division) is written to dst = (slot, dtype)."""
+    c = lw.ctx
+    lat = c.lat[vop]
+    cdt = "f32" if dst[1] in FLOATS or leaves[0][1] in FLOATS else "i32"
+    nodes = [("leaf", lf) for lf in leaves]
+    while len(nodes) > 1:
+        odd = nodes[-1:] if len(nodes) % 2 else []
+        nodes = [("op", nodes[i], nodes[i + 1]) for i in range(0, len(nodes) - 1, 2)] + odd
+    root = nodes[0]
+    if root[0] == "leaf":                 # one vector: a converting copy
+        vxm_chain(lw, n, O.VXM_UNARY["CONV"], dst[0], dst[1], nv, root[1])
+        return
+    cb = ChainBuilder(c, n.line, n.id)
+    vpos = c.m.vxm_pos
+    wc = dtype_width(cdt)
+    turn = [1]
+
+    def emit(node, off, out):
+        """node's op at `off`, its result going to the group `out`."""
+        ops_ = []
+        for ch in node[1:]:
+            if ch[0] == "leaf":
+                ops_.append((cb.read(ch[1][0], dtype_width(ch[1][1]), vpos, off), DTYPE_CODE[ch[1][1]]))
+            else:
+                turn[0] ^= 1
+                d = EAST if turn[0] else WEST
+                g = cb.f.add_group(d, off - vpos if d == EAST else off + vpos, wc)
+                emit(ch, off - c.lat[vop], (g, DTYPE_CODE[cdt]))
+                ops_.append((g, DTYPE_CODE[cdt]))
+        cb.vxm(vop, off, ops_[0], ops_[1], out, nv=nv if node is root and post is None else c.lanes)
+
+    if post is None:
+        emit(root, 0, (cb.write(dst[0], dtype_width(dst[1]), vpos, lat), DTYPE_CODE[dst[1]]))
+    else:
+        pop, imm = post
+        g = cb.f.add_group(WEST, lat + vpos, wc)
+        emit(root, 0, (g, DTYPE_CODE[cdt]))
+        go = (cb.write(dst[0], dtype_width(dst[1]), vpos, lat + c.lat[pop]), DTYPE_CODE[dst[1]])
+        cb.vxm(pop, lat, (g, DTYPE_CODE[cdt]), None, go, nv=nv, imm=imm, bimm=1)
+    conflict = cb.mem_conflict()
+    if len(leaves) == 2 and conflict:     # two leaves on one bank in one cycle: copy one first
+        _tree_chain(lw, n, vop, [leaves[0], stage(lw, n, leaves[1], leaves[0])], dst, nv, held, post)
+        return
+    if len(leaves) > 2 and (conflict or _too_wide(cb, c.m.streams_per_direction)):   # halves, then join
+        half = 1 << (len(leaves) - 1).bit_length() - 1
+        tgrid, region = lw.temp((2, lw.lanes), cdt)
+        held.append(region)               # freed after the level: no reuse, no waits within it
+        a, b = (int(tgrid[0, 0]), cdt), (int(tgrid[1, 0]), cdt)
+        _tree_chain(lw, n, vop, leaves[:half], a, lw.lanes, held)
+        _tree_chain(lw, n, vop, leaves[half:], b, lw.lanes, held)
+        _tree_chain(lw, n, vop, [a, b], dst, nv, held, post)
+        return
+    lw.chains.append(cb.chain())
+
+
+def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
+    """Per row: combine the chunks into one vector (in a temp; one pairwise tree chain when a
+    chain takes them all, else in turn), then the lane steps of `lane_plan` in place (ROTATE
+    for max, whose padding lanes are first set to -inf where lane 0 would see them)."""
+    lanes = lw.lanes
+    c = src_n.shape[-1] if src_n.shape else 1
+    is_max = n.op == "max"
+    sop = O.ROTATE if is_max else O.SHIFT
+    chunks = src.shape[-1]
+    lead_shape = src.shape[:-1]
+    nrows = int(np.prod(lead_shape, dtype=np.int64))
+    t1, r1 = lw.temp((nrows, 2 * lanes), cdt)       # two scratch vectors per row: rows pipeline
+    t1 = t1.reshape(lead_shape + (2,))
+    width = min(c, lanes)
+    plan = lane_plan(lw, width, nrows * _peers(lw, n), cdt)
+    steps = len(plan)
+    # lanes past the row's end reach lane 0 only if the plan's shifts add up past it
+    pad_seen = chunks > 1 or sum(max(s) for s in plan) >= width
+    held, tree = [], _tree_leaves(lw, src_n.dtype)
+    for lead in np.ndindex(src.shape[:-1]):
+        ta, tb = int(t1[lead + (0,)]), int(t1[lead + (1,)])
+        dst = int(out[lead + (0,)])
+        vecs = [(int(src[lead + (j,)]), src_n.dtype) for j in range(chunks)]
+        if is_max and c % lanes and pad_seen:
+            vxm_chain(lw, n, O.MASK, tb, cdt, lanes, vecs[-1], imm=NEG_INF_BITS, cut=c - (chunks - 1) * lanes)
+            vecs[-1] = (tb, cdt)
+        cur = vecs[0]
+        if 1 < chunks <= tree:            # the chunks in one pairwise tree chain
+            _tree_chain(lw, n, vop, vecs, (ta, cdt), lanes, held)
+            cur = (ta, cdt)
+        for j in range(1, chunks if chunks > tree else 0):   # (more than a chain takes: in turn)
+            vxm_chain(lw, n, vop, ta, cdt, lanes, cur, vecs[j])
+            cur = (ta, cdt)
+        if steps == 0:
+            if post is None:
+                vxm_chain(lw, n, O.VXM_UNARY["CONV"], dst, final_dt, 1, cur)
+            else:                         # (a mean of one lane: the division alone)
+                vxm_chain(lw, n, post[0], dst, post[2], 1, cur, imm=post[1], bimm=1)
+            continue
+        for si, shifts in enumerate(plan):
+            d, ddt, nv = (dst, final_dt, 1) if si == steps - 1 else (ta, cdt, lanes)
+            pst = post if si == steps - 1 else None
+            moved = [(cur[0], cur[1], sop, -k) for k in shifts]
+            gather(lw, n, [cur], moved, vop, d, cdt, ddt, nv, pst, held)
+            cur = (d, ddt)
+    for r in held + [r1]:
+        lw.free_temp(r)
+
+
+MAX_RADIX = 1 << 30      # (a cap on the shifts of one lane step, for measurements)
+SXM_WEIGHT = 0.5
+
+
+def _peers(lw, n) -> int:
+    """Lane reductions of n's op and input shape that neither feed n nor depend on it (n
+    included): e.g. the heads of one layer, which share the SXMs while their rows reduce."""
+    cache = lw.__dict__.setdefault("_lane_reduce_peers", {})
+    if n.id not in cache:
+        g = lw.g
+        shape = g.node(n.inputs[0]).shape
+        same = [m.id for m in g.nodes() if m.op == n.op and m.attrs.get("axis") == len(shape) - 1
+                and g.node(m.inputs[0]).shape == shape]
+        anc = {i: nx.ancestors(g.g, i) for i in same}
+        for i in same:
+            cache[i] = sum(1 for j in same if j == i or (j not in anc[i] and i not in anc[j]))
+    return cache[n.id]
+
+
+def lane_plan(lw, width: int, nrows: int, cdt: str) -> list:
+    """The shifts of each lane step that brings the reduction of lanes 0 .. width-1 to lane
+    0: step j shifts by span_j * i for i = 1 .. r-1 (those below width), span_{j+1} = r *
+    span_j. Fewer steps mean fewer trips between the VXM and the SXM (about their distance
+    twice each); more shifts per step cost SXM issue cycles (the queues of one SXM, as the
+    streams take them) and VXM tree levels. The number of steps is the one of least latency,
+    the SXM cycles of all rows counted too (rows share the SXMs)."""
+    m, lat = lw.m, lw.ctx.lat
+    if width <= 1:
+        return []
+    trip = 2 * abs(m.vxm_pos - m.sxm_pos(0)) + lat[O.SHIFT] + lat[O.READ] + 2
+    per_cycle = max(1, min(m.sxm_queues_per_hemisphere, m.streams_per_direction // dtype_width(cdt) - 1))
+    best = None
+    for s in range(1, max(1, math.ceil(math.log2(width))) + 1):
+        r = max(2, math.ceil(width ** (1.0 / s) - 1e-9))
+        while r ** s < width:
+            r += 1
+        r = min(r, MAX_RADIX)
+        plan, span = [], 1
+        while span < width:
+            plan.append([span * i for i in range(1, r) if span * i < width])
+            span *= r
+        issue = sum(-(-len(p) // per_cycle) for p in plan)
+        v = lat[O.VXM_BINARY["ADD"]]
+        cost = sum(trip + v * (-(-len(p) // per_cycle) - 1) + v * math.ceil(math.log2(len(p) + 1))
+                   for p in plan) + SXM_WEIGHT * nrows * issue
+        if best is None or cost < best[0]:
+            best = (cost, plan)
+    return best[1]
+
+
+def gather(lw, n, direct, moved, vop, dst, cdt, out_dt, nv, post, held):
+    """gather_chain, or where it cannot be placed, its halves into temporaries and their
+    combination (post applied at the end)."""
+    if len(direct) + len(moved) >= 2 and gather_chain(lw, n, direct, moved, vop, dst, cdt, out_dt, nv, post):
+        return
+    if len(direct) == 1 and len(moved) == 1:
+        slot, dt, sop, param = moved[0]
+        sxm_vxm_chain(lw, n, sop, param, slot, vop, direct[0], dst, dt, out_dt, nv, post)
+        return
+    parts = []
+    h = max(1, (len(direct) + len(moved)) // 2 - len(direct))
+    for dd, mm in ((direct, moved[:h]), ([], moved[h:])):
+        if not dd and not mm:
+            continue
+        tg, region = lw.temp((1, lw.lanes), cdt)
+        held.append(region)
+        t = int(tg.reshape(-1)[0])
+        if not dd and len(mm) == 1:
+            slot, dt, sop, param = mm[0]
+            sxm_chain(lw, n, sop, slot, t, dt, param)
+            parts.append((t, dt))
+            continue
+        gather(lw, n, dd, mm, vop, t, cdt, cdt, lw.lanes, None, held)
+        parts.append((t, cdt))
+    if post is None:
+        vxm_chain(lw, n, vop, dst, out_dt, nv, parts[0], parts[1])
+        return
+    tg, region = lw.temp((1, lw.lanes), cdt)
+    held.append(region)
+    t = int(tg.reshape(-1)[0])
+    vxm_chain(lw, n, vop, t, cdt, lw.lanes, parts[0], parts[1])
+    vxm_chain(lw, n, post[0], dst, post[2], nv, (t, cdt), imm=post[1], bimm=1)

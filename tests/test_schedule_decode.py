@@ -1,0 +1,122 @@
+"""Decode-side schedules (issue 13): lane reductions in few SXM round trips (lower_reduce's
+lane plan and lower_common.gather_chain), lane assembly and rope in one chain per vector. Each
+program is emulated and compared with the reference; the cycle bounds say what the chains are
+for (one trip between the VXM and an SXM where the old ones took several)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lpu.api import check
+from lpu.compiler.driver import compile_source
+from lpu.compiler.lower_reduce import lane_plan
+from lpu.compiler.reference import random_values
+from lpu.compiler.verify import verify
+from lpu.emulator.run import run
+from lpu.isa.machine import MachineConfig
+
+
+def _run_checked(src: str, machine: str, seed: int = 3):
+    prog, g = compile_source(src, "d.lpu", {}, MachineConfig.load(machine))
+    assert not verify(prog)
+    vals = random_values(g, seed)
+    res = run(prog, vals)
+    assert res.cycles == prog.predicted_cycles
+    got = check(g, prog, vals, res)
+    assert got["ok"], got
+    return prog
+
+
+class _LW:                     # what lane_plan reads of a lowering
+    def __init__(self, machine):
+        from lpu.isa import opcodes as O
+        self.m = MachineConfig.load(machine)
+        self.ctx = type("C", (), {"lat": O.latency_table(self.m)})()
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("width", [2, 3, 5, 16, 17, 64, 100, 320])
+@pytest.mark.parametrize("nrows", [1, 40])
+def test_lane_plan_brings_every_lane_to_lane_0_exactly_once(machine, width, nrows):
+    lw = _LW(machine)
+    width = min(width, lw.m.lanes)
+    plan = lane_plan(lw, width, nrows, "f32")
+    offsets = np.zeros(1, np.int64)
+    for shifts in plan:
+        assert shifts and all(0 < s < width for s in shifts)
+        offsets = (offsets[:, None] + np.asarray([0] + shifts)[None, :]).reshape(-1)
+    inside = np.sort(offsets[offsets < width])
+    assert np.array_equal(inside, np.arange(width)), (plan, inside)
+
+
+def test_one_row_lane_reduction_is_one_sxm_round_trip():
+    m = MachineConfig.load("tsp-v1")
+    trip = 2 * abs(m.vxm_pos - m.sxm_pos(0))
+    for op in ("max", "sum"):
+        prog = _run_checked(f"input x : f32[1, 64]\noutput y = {op}(x, axis=1)\n", "tsp-v1")
+        # one trip VXM -> SXM -> VXM for the 63 shifts, the input's read and the output's write
+        assert prog.predicted_cycles < 2 * trip + 100, (op, prog.predicted_cycles)
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("src", [
+    "input x : f32[1, 64]\noutput a = max(x, axis=1)\noutput b = sum(x, axis=1)\noutput c = mean(x, axis=1)\n",
+    "input x : f32[3, 700]\noutput a = max(x, axis=1)\noutput b = sum(x, axis=1)\noutput c = mean(x, axis=1)\n",
+    "input x : f32[2, 5]\noutput a = max(x, axis=1)\noutput b = sum(x, axis=1)\n",
+    "input x : i32[4, 37]\noutput a = max(x, axis=1)\noutput b = sum(x, axis=1)\n",
+    "input x : f32[40, 200]\noutput a = max(x, axis=1)\noutput b = mean(x, axis=1)\n",
+    "input x : f16[1, 64]\noutput y = softmax(x)\n",
+])
+def test_lane_reductions_match_the_reference(machine, src):
+    _run_checked(src, machine)
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_concat_of_head_slices_matches_and_is_one_trip(machine):
+    m = MachineConfig.load(machine)
+    w = m.lanes // 5 if m.lanes >= 20 else 4
+    names = "abcdefgh"
+    src = "".join(f"input {k} : f16[1, {w}]\n" for k in names)
+    src += f"output y = concat([{', '.join(names)}], axis=1)\n"
+    prog = _run_checked(src, machine)
+    if machine == "tsp-v1":    # 5 and 3 pieces, each vector one chain (not one trip per piece)
+        assert prog.predicted_cycles < 3 * 2 * abs(m.vxm_pos - m.sxm_pos(0)), prog.predicted_cycles
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("shape", ["1, 64", "3, 8", "2, 2, 16"])
+def test_rope_in_one_chain_per_row_matches(machine, shape):
+    _run_checked(f"input x : f16[{shape}]\noutput y = rope(x, 5)\n", machine)
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("src", [
+    # the new row assembled in the cache in place (no copy), old rows read after
+    "state s : f16[4, 64]\ninput a : f16[1, 24]\ninput b : f16[1, 40]\n"
+    "s[2:3, :] <- concat([a, b], axis=1)\noutput y = s[1:3, :] * 2.0\n",
+    # an old row of the state read after the store, a stored row in a 3-D state
+    "state s : f16[4, 64]\ninput a : f16[1, 24]\ninput b : f16[1, 40]\n"
+    "s[3:4, :] <- concat([b, a], axis=1)\noutput y = s[0:4, :] + 1.0\n",
+    "state s : f16[2, 3, 64]\ninput q : f16[1, 100]\n"
+    "s[1, 0:1, :] <- q[:, 30:94]\noutput y = s[1, :, :] + 1.0\n",
+])
+def test_a_moved_row_stored_in_a_state_matches(machine, src):
+    _run_checked(src, machine)
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("rows,hd,heads", [(1, 8, 4), (3, 16, 2), (1, 64, 8), (2, 80, 4)])
+def test_the_heads_ropes_of_a_row_are_one_rope_and_match(machine, rows, hd, heads):
+    from lpu.compiler.frontend import elaborate_source
+    from lpu.compiler.rewrite_rope import heads_rope
+    m = MachineConfig.load(machine)
+    src = (f"state s : f16[4, {hd * heads}]\ninput x : f16[{rows}, {hd * heads}]\n"
+           f"r = concat([rope(x[:, i*{hd}:(i+1)*{hd}], 7) for i in 0..{heads}], axis=1)\n"
+           f"s[0:{rows}, :] <- r\noutput y = r * 1.0\noutput z = s[0:4, :] + 0.0\n")
+    _run_checked(src, machine)
+    g = heads_rope(elaborate_source(src, "d.lpu", {}), m.lanes)
+    one = [n for n in g.nodes() if n.op == "rope"]
+    in_chunks = m.lanes % hd == 0
+    assert len(one) == (1 if in_chunks else heads)
+    if in_chunks:
+        assert one[0].attrs["hd"] == hd and one[0].shape == (rows, hd * heads)
