@@ -97,7 +97,7 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
                 last = max(graph.users(n.id), default=n.id)
                 if any(root < s < last for s in store_ids.get(name, [])) or n.id in graph.outputs.values():
                     kind[n.id], base[n.id] = "temp", n.id
-    for p in fusable(graph, kind, lanes):
+    for p in _keep_old_reads(graph, kind, fusable(graph, kind, lanes), store_ids):
         kind[p] = "fused"
     order = level_order(graph, kind)
     pos = {nid: i for i, nid in enumerate(order)}
@@ -119,6 +119,28 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
         if ok:
             claimed.add(src)
     return Plan(order, kind, base, last_use, outputs_alias)
+
+
+def _keep_old_reads(graph: IRGraph, kind: dict, fused: set, store_ids: dict) -> set:
+    """The fused set without producers that read a state version a later store overwrites before
+    their last user: a fused producer's operands are read when its user is lowered, which would
+    be after the store (the same rule as for views above)."""
+    final: dict[int, int] = {}
+
+    def last(nid):
+        if nid not in final:
+            final[nid] = max((last(u) if u in fused else u for u in graph.users(nid)), default=nid)
+        return final[nid]
+
+    out = set(fused)
+    for p in sorted(fused, reverse=True):
+        for i in graph.node(p).inputs:
+            root = _root(graph, kind, i)
+            rn = graph.node(root)
+            if rn.op in ("state", "store") and any(root < s < last(p) for s in store_ids.get(rn.attrs["name"], [])):
+                out.discard(p)
+                break
+    return out
 
 
 def level_order(graph: IRGraph, kind: dict) -> list[int]:

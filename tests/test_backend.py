@@ -108,6 +108,18 @@ def test_state_store_then_read_sees_new_value(tiny):
     assert chk["ok"], chk
 
 
+@pytest.mark.parametrize("value", ["a", "concat([a[:, 0:24], a[:, 24:64]], axis=1)"])
+@pytest.mark.parametrize("mname", ["tiny", "tsp"])
+def test_old_state_read_then_stored_over(mname, value, request):
+    """A row read before a store to it keeps its old value, also where the read is fused into
+    an elementwise user that comes after the store (plan._keep_old_reads)."""
+    src = (f"state s : f16[4, 64]\ninput a : f16[1, 64]\nold = s[2:3, :] * 2.0\n"
+           f"s[2:3, :] <- {value}\noutput y = old + s[2:3, :]\n")
+    prog, res, chk = compile_run_check(src, request.getfixturevalue(mname))
+    assert res.cycles == prog.predicted_cycles
+    assert chk["ok"], chk
+
+
 def _shift_first(prog, opname, delta):
     """A copy of prog with the first `opname` instruction issued `delta` cycles later (by the
     NOP in front of it)."""
