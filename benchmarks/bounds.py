@@ -17,11 +17,13 @@ from what the machine could do. Each bound is a number no correct schedule can b
   once: bytes / sram_bytes_per_cycle and bytes / stream_bytes_per_cycle.
 - critical path: the longest chain of dependent ops, each at its functional delay from the
   config ([latency]: mem_read for a leaf, vxm or vxm_transcendental, mxm_abc + mxm_acc for a
-  matmul, vxm per level of a reduction tree plus one: a lane reduction needs no SXM trip where
-  the reduced axis is laid across vectors, a layout the compiler may choose), plus the hops a
-  value must travel between the units' positions on the floorplan (VXM <-> MXM), plus 1 + icu_skew
+  matmul, for a lane reduction one SXM round trip (every shifted copy can travel in it) and a
+  tree of VXM steps), plus the hops a value must travel between the units' positions on the
+  floorplan (VXM <-> MXM, VXM <-> SXM), plus 1 + icu_skew
   at the end (the emulator's cycle count). A lane-axis sum may also go through the MXM (a matmul
-  with a ones vector): the cheaper of the two counts.
+  with a ones vector): the cheaper of the two counts. Like the vxm bound, this takes vectors to
+  hold rows of the last axis; a schedule that lays a reduced axis across vectors needs no SXM
+  trip there (the tests check that no compiled program or reduction beats the bound).
 
 The program's bound is the largest of these."""
 from __future__ import annotations
@@ -128,6 +130,7 @@ def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = 
     can issue its first ABC (activations ready, weights read and installed)."""
     lat = m.latency
     d_mxm = min(abs(m.vxm_pos - m.mxm_pos(p)) for p in range(m.mxm_planes))
+    d_sxm = min(abs(m.vxm_pos - m.sxm_pos(h)) for h in range(2))
     finish: dict[int, int] = {}
     place: dict[int, str] = {}
     for n in graph.nodes():
@@ -157,10 +160,8 @@ def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = 
         elif n.op in REDUCE and n.attrs["axis"] == len(graph.node(n.inputs[0]).shape) - 1:
             width = graph.node(n.inputs[0]).shape[-1]
             levels = math.ceil(math.log2(min(width, m.lanes))) if width > 1 else 0
-            # a tree of VXM steps: across lanes one SXM round trip can carry every shifted copy
-            # first, but with the reduced axis laid across vectors (a layout the compiler may
-            # choose) no lane moves at all, so the tree alone is the floor
-            d = lat["vxm"] * (levels + 1)
+            # one SXM round trip carries every shifted copy, then a tree of VXM steps adds them
+            d = lat["vxm"] * (levels + 1) + (lat["sxm"] + 2 * d_sxm if levels else 0)
             if n.op != "max":     # a sum can also be a matmul with a ones vector
                 d = min(d, 2 * d_mxm + lat["mxm_abc"] + lat["mxm_acc"] + lat["vxm"])
         else:                 # the dependent VXM steps of one vector (the op table's path)

@@ -67,7 +67,7 @@ def test_no_schedule_beats_the_lower_bounds(machine, name):
 @pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
 def test_no_reduction_beats_its_bound(machine, src):
     """Lane reductions in one SXM round trip (compiler/lower_reduce.py) beat a bound that
-    charged an SXM trip per tree level: the bound is the VXM tree alone."""
+    charged an SXM trip per tree level: the bound is one trip and the VXM tree."""
     m = MachineConfig.load(machine)
     prog, g = compile_source(src, "<reduce>", {}, m)
     lb = B.lower_bounds(g, m)
