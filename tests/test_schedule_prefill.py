@@ -65,3 +65,42 @@ def test_matmuls_side_by_side_are_not_split():
           "output y = f16(a @ w)\noutput z = f16(b @ w)\n"
     g = elaborate_source(src, "two.lpu", {})
     assert not make_plan(g, m.lanes).alone
+
+
+ATTN = """param S = {S}
+param D = 64
+param H = 2
+param HD = D / H
+input x : f16[S, D]
+weight wq : f16[D, D]
+weight wk : f16[D, D]
+weight wv : f16[D, D]
+fn head(q, k, v) {{
+    return f16(softmax(q @ k.T * (1.0 / sqrt(HD))) @ v)
+}}
+q = f16(x @ wq)
+k = f16(x @ wk)
+v = f16(x @ wv)
+output y = concat([head(q[:, i*HD:(i+1)*HD], k[:, i*HD:(i+1)*HD], v[:, i*HD:(i+1)*HD]) for i in 0..H], axis=1)
+"""
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_heads_computed_transposed_are_joined_as_rows_and_transposed_once(machine):
+    """Each head's p @ v computed as (v.T @ pT).T (more query rows than P_BACK_Q): the heads'
+    transposed results are joined along the rows and the join transposed once, instead of
+    each transposed back and moved to its lanes; the result agrees with the reference."""
+    from lpu.compiler.rewrite import P_BACK_Q, rewrite
+    src = ATTN.format(S=P_BACK_Q + 16)
+    t = rewrite(elaborate_source(src, "h.lpu", {}))
+    cats = [n for n in t.nodes() if n.op == "concat"]
+    assert len(cats) == 1 and cats[0].attrs["axis"] == 0
+    assert [t.node(u).op for u in t.users(cats[0].id)] == ["transpose"]
+    assert all(t.node(i).op == "cast" and t.node(t.node(i).inputs[0]).op == "matmul" for i in cats[0].inputs)
+    m = MachineConfig.load(machine)
+    prog, g = compile_source(src, "h.lpu", {}, m)
+    assert not verify(prog)
+    vals = random_values(g, 12)
+    res = run(prog, vals)
+    assert res.cycles == prog.predicted_cycles
+    assert check(g, prog, vals, res)["ok"]
