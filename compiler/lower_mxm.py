@@ -23,6 +23,11 @@ from lpu.compiler.lower_common import copy
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, dtype_width
 
+SPLIT_WORK = 10   # a matmul's rows are split only if one column job has at least this many weight
+#                   loads' worth of products (M x K-tiles x hold >= SPLIT_WORK x lanes / LW ports):
+#                   smaller ones were measured slower split (gpt2_block_prefill's wo and wqkv, the
+#                   extra weight loads), larger ones faster (bert_base, llama, mlp: w2's 3 or 1 chunks)
+
 
 def _as_mxm_dtype(lw, n, nid, target):
     """Grid of operand nid in `target` dtype (converting into a temporary if needed)."""
@@ -71,6 +76,25 @@ def _units(lw, mdt):
     return list(range(0, m.mxm_planes, 2)), m.f16_pair_cycles, True
 
 
+def _row_block(M, nchunks, nunits, hold, lw_cycles, acc_rows) -> int:
+    """Rows per job of a matmul that has the MXM to itself (no other matmul at its depth in the
+    plan's level order to balance the units with). Whole columns (all M rows) when the output
+    chunks share the units evenly; else the rows are split in blocks so that every unit gets the
+    same work (w2 of a 768-wide model has 3 chunks for 2 plane pairs: one pair would idle for a
+    third of it), as long as a block's products per K-tile (rows x hold cycles) outlast the
+    next tile's weight load."""
+    rb = min(M, acc_rows)
+    if nchunks % nunits == 0 and -(-M // rb) * nchunks >= nunits:
+        return rb
+    for nb in range(2, nunits * 4 + 1):
+        r = -(-M // nb)
+        if r * hold < 2 * lw_cycles:
+            break
+        if (nb * nchunks) % nunits == 0:
+            return min(r, acc_rows)
+    return rb
+
+
 def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     c, m = lw.ctx, lw.m
     lanes = lw.lanes
@@ -82,11 +106,15 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     ktiles = -(-K // lanes)
     nchunks = -(-N // lanes)
     zero = lw.zero_vector() if trans else -1
-    jobs = [(nt, m0) for nt in range(nchunks) for m0 in range(0, M, m.acc_rows)]
+    lw_cycles = lanes // m.lw_ports_per_plane
+    rb = min(M, m.acc_rows)
+    if n.id in lw.plan.alone and M * ktiles * hold >= SPLIT_WORK * lw_cycles:
+        rb = _row_block(M, nchunks, len(units), hold, lw_cycles, m.acc_rows)
+    jobs = [(nt, m0) for m0 in range(0, M, rb) for nt in range(nchunks)]
     load = c.mxm_load
     for ji, (nt, m0) in enumerate(jobs):
         u = min(units, key=lambda x: (load.get(x, 0), x))
-        rows = range(m0, min(M, m0 + m.acc_rows))
+        rows = range(m0, min(M, m0 + rb))
         work = ktiles * (len(rows) * hold + lanes // m.lw_ports_per_plane)
         load[u] = load.get(u, 0) + work
         if pair:

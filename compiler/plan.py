@@ -29,6 +29,7 @@ class Plan:
     base: dict          # node id -> node id owning the region it lives in
     last_use: dict      # owning node id -> last node id (program order) that reads it
     outputs_alias: dict  # output node id -> True if it takes over its source's region
+    alone: frozenset = frozenset()   # matmuls with no other matmul at their depth (lower_mxm.py)
 
 
 def _aligned_last(node, src_shape, lanes) -> bool:
@@ -99,7 +100,9 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
                     kind[n.id], base[n.id] = "temp", n.id
     for p in _keep_old_reads(graph, kind, fusable(graph, kind, lanes), store_ids):
         kind[p] = "fused"
-    order = level_order(graph, kind)
+    order, depth = level_order(graph, kind)
+    mm_depth = [depth[n.id] for n in nodes if n.op == "matmul"]
+    alone = frozenset(n.id for n in nodes if n.op == "matmul" and mm_depth.count(depth[n.id]) == 1)
     pos = {nid: i for i, nid in enumerate(order)}
     at = {}                        # the last node whose lowering reads a node's inputs (fused: its users')
     for n in reversed(nodes):
@@ -118,7 +121,7 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
         outputs_alias[oid] = ok
         if ok:
             claimed.add(src)
-    return Plan(order, kind, base, last_use, outputs_alias)
+    return Plan(order, kind, base, last_use, outputs_alias, alone)
 
 
 def _keep_old_reads(graph: IRGraph, kind: dict, fused: set, store_ids: dict) -> set:
@@ -143,11 +146,12 @@ def _keep_old_reads(graph: IRGraph, kind: dict, fused: set, store_ids: dict) -> 
     return out
 
 
-def level_order(graph: IRGraph, kind: dict) -> list[int]:
+def level_order(graph: IRGraph, kind: dict) -> tuple[list[int], dict]:
     """A topological order by depth: every node after all nodes of smaller depth, so that
     independent work (the heads of an attention, say) is lowered side by side and its chains
     interleave on the units instead of queueing behind each other in program order. A store
-    also waits for every read of the state version it replaces (through views too)."""
+    also waits for every read of the state version it replaces (through views too). Returns the
+    order and each node's depth."""
     nodes = graph.nodes()
     preds = {n.id: list(n.inputs) for n in nodes}
     for n in nodes:
@@ -164,7 +168,7 @@ def level_order(graph: IRGraph, kind: dict) -> list[int]:
     depth = {}
     for n in nodes:
         depth[n.id] = 1 + max((depth[p] for p in preds[n.id]), default=-1)
-    return sorted(depth, key=lambda i: (depth[i], i))
+    return sorted(depth, key=lambda i: (depth[i], i)), depth
 
 
 def _root(graph, kind, nid):

@@ -1,0 +1,106 @@
+"""Schedule quality levers for prefill (issue 13, the MXM side): every lever keeps results
+within the reference's tolerance, predicted == emulated cycles and `verify`, and pays on the
+case it was made for."""
+from __future__ import annotations
+
+import pytest
+
+from lpu.api import check
+from lpu.compiler import lower_mxm
+from lpu.compiler.driver import compile_graph, compile_source
+from lpu.compiler.frontend import elaborate_source
+from lpu.compiler.plan import make_plan
+from lpu.compiler.reference import random_values
+from lpu.compiler.verify import verify
+from lpu.emulator.run import run
+from lpu.isa import opcodes as O
+from lpu.isa.machine import MachineConfig
+
+# one matmul alone at its depth, with 3 output chunks of lanes columns for 2 f16 plane pairs
+ODD = """param S = {S}
+param K = {K}
+param N = {N}
+input x : f16[S, K]
+weight w : f16[K, N]
+output y = f16(x @ w)
+"""
+
+
+def _odd(m: MachineConfig) -> str:
+    return ODD.format(S=m.lanes // 2 * 2, K=2 * m.lanes, N=3 * m.lanes)
+
+
+def _count(prog, name) -> int:
+    return int((prog.op == O.BY_NAME[name].code).sum())
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_a_lone_matmul_with_odd_chunks_splits_its_rows_over_both_pairs(machine, monkeypatch):
+    """3 output chunks on 2 plane pairs: whole columns leave one pair idle for a third of the
+    products; split in row blocks, both pairs share them and the program is faster (at the
+    cost of loading each weight tile once per block)."""
+    m = MachineConfig.load(machine)
+    src = _odd(m)
+    g = elaborate_source(src, "odd.lpu", {})
+    plan = make_plan(g, m.lanes)
+    assert [n.id for n in g.nodes() if n.op == "matmul"] == sorted(plan.alone)
+    prog, g = compile_source(src, "odd.lpu", {}, m)
+    assert not verify(prog)
+    vals = random_values(g, 11)
+    res = run(prog, vals)
+    assert res.cycles == prog.predicted_cycles
+    assert check(g, prog, vals, res)["ok"]
+    split = compile_graph(g, m, repeat=False)        # every instruction spelled out (no REPEAT)
+    monkeypatch.setattr(lower_mxm, "SPLIT_WORK", 1 << 30)
+    whole = compile_graph(g, m, repeat=False)
+    assert _count(split, "ABC") == _count(whole, "ABC")        # the same products,
+    assert _count(split, "LW") == 2 * _count(whole, "LW")      # each weight tile loaded per block
+    assert split.predicted_cycles == prog.predicted_cycles < whole.predicted_cycles
+
+
+def test_matmuls_side_by_side_are_not_split():
+    """The heads of an attention share a depth: the units balance across them, rows stay whole."""
+    m = MachineConfig.load("tsp-v1")
+    src = "input a : f16[64, 64]\ninput b : f16[64, 64]\nweight w : f16[64, 960]\n" \
+          "output y = f16(a @ w)\noutput z = f16(b @ w)\n"
+    g = elaborate_source(src, "two.lpu", {})
+    assert not make_plan(g, m.lanes).alone
+
+
+ATTN = """param S = {S}
+param D = 64
+param H = 2
+param HD = D / H
+input x : f16[S, D]
+weight wq : f16[D, D]
+weight wk : f16[D, D]
+weight wv : f16[D, D]
+fn head(q, k, v) {{
+    return f16(softmax(q @ k.T * (1.0 / sqrt(HD))) @ v)
+}}
+q = f16(x @ wq)
+k = f16(x @ wk)
+v = f16(x @ wv)
+output y = concat([head(q[:, i*HD:(i+1)*HD], k[:, i*HD:(i+1)*HD], v[:, i*HD:(i+1)*HD]) for i in 0..H], axis=1)
+"""
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_heads_computed_transposed_are_joined_as_rows_and_transposed_once(machine):
+    """Each head's p @ v computed as (v.T @ pT).T (more query rows than P_BACK_Q): the heads'
+    transposed results are joined along the rows and the join transposed once, instead of
+    each transposed back and moved to its lanes; the result agrees with the reference."""
+    from lpu.compiler.rewrite import P_BACK_Q, rewrite
+    src = ATTN.format(S=P_BACK_Q + 16)
+    t = rewrite(elaborate_source(src, "h.lpu", {}))
+    cats = [n for n in t.nodes() if n.op == "concat"]
+    assert len(cats) == 1 and cats[0].attrs["axis"] == 0
+    assert [t.node(u).op for u in t.users(cats[0].id)] == ["transpose"]
+    assert all(t.node(i).op == "cast" and t.node(t.node(i).inputs[0]).op == "matmul" for i in cats[0].inputs)
+    m = MachineConfig.load(machine)
+    prog, g = compile_source(src, "h.lpu", {}, m)
+    assert not verify(prog)
+    vals = random_values(g, 12)
+    res = run(prog, vals)
+    assert res.cycles == prog.predicted_cycles
+    assert check(g, prog, vals, res)["ok"]
