@@ -310,10 +310,12 @@ BULK_MIN = 4    # batches of this many ABCs or more are multiplied out with BLAS
 def _bulk(ws, plane: int) -> None:
     """Multiply out the pending ABCs of `plane` with one BLAS product (core.flush asked for it),
     then settle it to the contract's bits (mxm.settle; i8: BLAS's float64 sum is exact)."""
-    _, _, _, _, wts, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _ = ws
+    _, _, _, _, wts, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _, wcols, wfresh = ws
     n = int(pend_n[plane])
-    np.copyto(wts[plane], wts32[plane])      # BLAS takes float64 (the same numbers)
-    y = mxm.blas_products(pend_x[plane, :n], wts[plane], wdt[plane], wnorm[plane])
+    if not wfresh[plane]:                    # BLAS takes float64 (the same numbers), once per IW
+        np.copyto(wts[plane], wts32[plane])
+        wfresh[plane] = 1
+    y = mxm.blas_products(pend_x[plane, :n], wts[plane], wdt[plane], wnorm[plane], wcols[plane])
     mxm.accumulate(acc_bits[plane], pend_meta[plane], n, y)
     pend_n[plane] = 0
 
