@@ -407,6 +407,18 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
 
 
 @njit(cache=True, inline="always")
+def copy_run(x, y):
+    for l in range(y.shape[0]):
+        y[l] = x[l]
+
+
+@njit(cache=True, inline="always")
+def zero_run(y):
+    for l in range(y.shape[0]):
+        y[l] = 0
+
+
+@njit(cache=True, inline="always")
 def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz, counters):
     counters[K_SXM_BUSY] += 1
     if op == C_TPOUT:
@@ -432,10 +444,14 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
             if not stream_read(ref, w, p, t, ring, sa, hz):
                 return False
             for b in range(w):
-                tbuf[h, buf + b, row, :] = sa[b, :]
+                t_, x = tbuf[h, buf + b, row], sa[b]
+                for l in range(lanes):
+                    t_[l] = x[l]
             return True
         for b in range(w):
-            so[b, :] = tbuf[h, buf + b, :, col]
+            t_, y = tbuf[h, buf + b], so[b]
+            for l in range(lanes):
+                y[l] = t_[l, col]
         return stream_write(ref, w, p, t + lat, ex, ring, so, hz)
     oref, k = a[1], a[2]
     if oref < 0 or oref >> 8 != dt or not ref_ok(oref, w, spd):
@@ -446,22 +462,19 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
         return operand_error(hz, 2, k)
     if not stream_read(ref, w, p, t, ring, sa, hz):
         return False
-    for b in range(w):     # (SHIFT and ROTATE as contiguous runs, without a branch per lane)
+    for b in range(w):     # (SHIFT and ROTATE as runs from 0 over views: loops that vectorize)
         x, y = sa[b], so[b]
         if op == C_SHIFT:
             lo, hi = min(max(k, 0), lanes), max(min(lanes + k, lanes), 0)
             for l in range(lo):
                 y[l] = 0
-            for l in range(lo, hi):
-                y[l] = x[l - k]
-            for l in range(max(hi, lo), lanes):
-                y[l] = 0
+            if hi > lo:
+                copy_run(x[lo - k:hi - k], y[lo:hi])
+            zero_run(y[max(hi, lo):lanes])
         elif op == C_ROTATE:
             kk = k % lanes
-            for l in range(kk):
-                y[l] = x[l - kk + lanes]
-            for l in range(kk, lanes):
-                y[l] = x[l - kk]
+            copy_run(x[lanes - kk:lanes], y[:kk])
+            copy_run(x[:lanes - kk], y[kk:lanes])
         elif op == C_PERMUTE:
             tab = tables[k]
             for l in range(lanes):

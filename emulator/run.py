@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpu.emulator import core, mxm
+from lpu.emulator import core, mxm, sram_core
 from lpu.emulator.prepare import Prepared, prepare
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import NP_DTYPE
@@ -174,15 +174,13 @@ def _to_bits(dtype: str, arr: np.ndarray) -> np.ndarray:
         bits[nan] = (u[nan] >> 16) | 0x40
         arr = bits.astype("<u2")
     else:
-        arr = arr.astype(np.dtype(NP_DTYPE[dtype]).newbyteorder("<"))
+        arr = arr.astype(np.dtype(NP_DTYPE[dtype]).newbyteorder("<"), copy=False)
     return np.ascontiguousarray(arr).view(np.uint8).reshape(arr.shape + (-1,))
 
 
 def _store(mem: np.ndarray, rows: np.ndarray, sym: Symbol, arr: np.ndarray, m):
     nrow, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
-    by = np.zeros((nrow, chunks * m.lanes, sym.width), np.uint8)
-    by[:, :cols] = _to_bits(sym.dtype, arr.reshape(nrow, cols))
-    mem[rows.ravel()] = by.reshape(nrow, chunks, m.lanes, sym.width).transpose(0, 1, 3, 2).reshape(-1, m.lanes)
+    sram_core.store(mem, rows, _to_bits(sym.dtype, arr.reshape(nrow, cols)), chunks)
 
 
 def _fetch(mem: np.ndarray, rows: np.ndarray, sym: Symbol, m) -> np.ndarray:
@@ -205,7 +203,7 @@ def load(program: Program, values: dict, prep: Prepared | None = None) -> np.nda
     if prep.mem is None:
         prep.mem = np.zeros((max(prep.nrows, 1), m.lanes), np.uint8)
     else:
-        prep.mem.fill(0)
+        sram_core.clear(prep.mem, prep.unloaded_rows)    # the loaded tensors' rows are all written below
     mem = prep.mem
     wanted = {s.name: s for s in program.symbols if s.kind in ("input", "weight", "state")}
     unknown = sorted(set(values) - set(wanted))
