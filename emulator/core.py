@@ -81,6 +81,18 @@ def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act,
 
 # ---- streams -----------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
+def copy_run(x, y):
+    for l in range(y.shape[0]):
+        y[l] = x[l]
+
+
+@njit(cache=True, inline="always")
+def zero_run(y):
+    for l in range(y.shape[0]):
+        y[l] = 0
+
+
+@njit(cache=True, inline="always")
 def ref_ok(ref, w, spd):
     d = (ref >> 6) & 3
     s = ref & 63
@@ -106,8 +118,7 @@ def stream_read(ref, w, q, c, ring, dst, hz):
             return False
     for b in range(w):
         ring_rd[d, s + b, slot] = 1
-        for l in range(dst.shape[1]):
-            dst[b, l] = ring_pay[d, s + b, slot, l]
+        copy_run(ring_pay[d, s + b, slot], dst[b])
     return True
 
 
@@ -130,8 +141,7 @@ def stream_write(ref, w, p, c, ex, ring, src, hz):
         ring_pos[d, s + b, slot] = p
         ring_src[d, s + b, slot] = ex
         ring_rd[d, s + b, slot] = 0
-        for l in range(src.shape[1]):
-            ring_pay[d, s + b, slot, l] = src[b, l]
+        copy_run(src[b], ring_pay[d, s + b, slot])
     return True
 
 
@@ -301,8 +311,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
                 lbuf[plane, 1, row, l] = bits >> 8
             return True
         for b in range(w):
-            for l in range(lanes):
-                lbuf[plane, b, row, l] = sa[b, l]
+            copy_run(sa[b], lbuf[plane, b, row])
         return True
     if op == C_IW:
         if not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_min, hz):
@@ -404,18 +413,6 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         for b in range(4):
             so[b, l] = (bits >> (8 * b)) & 0xFF
     return stream_write(ref, 4, p, t + lat, ex, ring, so, hz)
-
-
-@njit(cache=True, inline="always")
-def copy_run(x, y):
-    for l in range(y.shape[0]):
-        y[l] = x[l]
-
-
-@njit(cache=True, inline="always")
-def zero_run(y):
-    for l in range(y.shape[0]):
-        y[l] = 0
 
 
 @njit(cache=True, inline="always")

@@ -180,17 +180,21 @@ def _to_bits(dtype: str, arr: np.ndarray) -> np.ndarray:
 
 def _store(mem: np.ndarray, rows: np.ndarray, sym: Symbol, arr: np.ndarray, m):
     nrow, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
-    sram_core.store(mem, rows, _to_bits(sym.dtype, arr.reshape(nrow, cols)), chunks)
+    planes = _to_bits(sym.dtype, arr.reshape(nrow, cols))
+    sram_core.store(mem, rows, np.ascontiguousarray(planes.transpose(0, 2, 1)) if sym.width > 1 else
+                    planes.reshape(nrow, 1, cols), chunks)
 
 
 def _fetch(mem: np.ndarray, rows: np.ndarray, sym: Symbol, m) -> np.ndarray:
-    nrow, _, cols = vector_grid(tuple(sym.shape), m.lanes)
-    by = np.ascontiguousarray(mem[rows].transpose(0, 2, 1))          # [vectors, lanes, width]
+    nrow, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
+    planes = np.empty((nrow, sym.width, cols), np.uint8)
+    sram_core.fetch(mem, rows, planes, chunks)
+    by = np.ascontiguousarray(planes.transpose(0, 2, 1))           # [rows, cols, width]
     if sym.dtype == "bf16":
         vals = (by.view("<u2")[..., 0].astype(np.uint32) << 16).view(np.float32)
     else:
         vals = by.view(np.dtype(NP_DTYPE[sym.dtype]).newbyteorder("<"))[..., 0]
-    return vals.reshape(nrow, -1)[:, :cols].astype(NP_DTYPE[sym.dtype]).reshape(tuple(sym.shape))
+    return vals.astype(NP_DTYPE[sym.dtype]).reshape(tuple(sym.shape))
 
 
 def load(program: Program, values: dict, prep: Prepared | None = None) -> np.ndarray:
