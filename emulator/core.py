@@ -62,7 +62,7 @@ NO_DIAG = -(1 << 62)
 
 # ---- MXM (arithmetic in emulator/mxm.py) -------------------------------------------------------
 @njit(cache=True)
-def flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_min, hz):
     """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
     hz = H_FLUSH, plane) where the batch is at least `bulk_min` long: the host does it then with
     BLAS (run.py, the same bits: docs/accumulation.md) and resumes at the same instruction.
@@ -73,13 +73,25 @@ def flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, b
     if bulk_min > 0 and n >= bulk_min:
         hz[0], hz[3] = H_FLUSH, plane
         return False
-    products(pend_x[plane], n, wts32[plane], wdt[plane], ybuf, bulk_min == 0, wnorm[plane])
+    products(pend_x[plane], n, wts32[plane], wdt[plane], ybuf, bulk_min == 0, wnorm[plane], wcols[plane], act)
     accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
     return True
 
 
 # ---- streams -----------------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def copy_run(x, y):
+    for l in range(y.shape[0]):
+        y[l] = x[l]
+
+
+@njit(cache=True, inline="always")
+def zero_run(y):
+    for l in range(y.shape[0]):
+        y[l] = 0
+
+
 @njit(cache=True, inline="always")
 def ref_ok(ref, w, spd):
     d = (ref >> 6) & 3
@@ -106,8 +118,7 @@ def stream_read(ref, w, q, c, ring, dst, hz):
             return False
     for b in range(w):
         ring_rd[d, s + b, slot] = 1
-        for l in range(dst.shape[1]):
-            dst[b, l] = ring_pay[d, s + b, slot, l]
+        copy_run(ring_pay[d, s + b, slot], dst[b])
     return True
 
 
@@ -130,8 +141,7 @@ def stream_write(ref, w, p, c, ex, ring, src, hz):
         ring_pos[d, s + b, slot] = p
         ring_src[d, s + b, slot] = ex
         ring_rd[d, s + b, slot] = 0
-        for l in range(src.shape[1]):
-            ring_pay[d, s + b, slot, l] = src[b, l]
+        copy_run(src[b], ring_pay[d, s + b, slot])
     return True
 
 
@@ -277,8 +287,8 @@ def mxm_input_ok(ref, plane, spd):
 
 @njit(cache=True)
 def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts32,
-             wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n, ybuf, tmp32,
-             bulk_min, hz, counters):
+             wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n,
+             ybuf, act, bulk_min, hz, counters):
     if op == C_LW:
         row, ref, cvt = a[0], a[1], a[2]
         if row < 0 or row >= lanes:
@@ -301,11 +311,10 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
                 lbuf[plane, 1, row, l] = bits >> 8
             return True
         for b in range(w):
-            for l in range(lanes):
-                lbuf[plane, b, row, l] = sa[b, l]
+            copy_run(sa[b], lbuf[plane, b, row])
         return True
     if op == C_IW:
-        if not flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+        if not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_min, hz):
             return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
@@ -327,12 +336,13 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         lw_dt[plane, :] = -1
         order[0][plane, :] = -1
         busy[plane] = t + 1
-        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts32[plane], wnorm[plane], tmp32)
+        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts32[plane], wnorm[plane], wcols[plane])
         wdt[plane] = dt
+        wfresh[plane] = 0
         return True
     if op == C_ABC:
-        if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n,
-                                                         ybuf, acc_bits, bulk_min, hz):
+        if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta,
+                                                         pend_n, ybuf, act, acc_bits, bulk_min, hz):
             return False
         ref, row, accum = a[0], a[1], a[2]
         if not mxm_input_ok(ref, plane, spd):
@@ -383,7 +393,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         if pend_meta[plane, b, 0] == row:
             waits = True
             break
-    if waits and not flush(plane, wts32, wnorm, wdt, pend_x, pend_meta, pend_n, ybuf, acc_bits, bulk_min, hz):
+    if waits and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_min, hz):
         return False
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
@@ -431,10 +441,14 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
             if not stream_read(ref, w, p, t, ring, sa, hz):
                 return False
             for b in range(w):
-                tbuf[h, buf + b, row, :] = sa[b, :]
+                t_, x = tbuf[h, buf + b, row], sa[b]
+                for l in range(lanes):
+                    t_[l] = x[l]
             return True
         for b in range(w):
-            so[b, :] = tbuf[h, buf + b, :, col]
+            t_, y = tbuf[h, buf + b], so[b]
+            for l in range(lanes):
+                y[l] = t_[l, col]
         return stream_write(ref, w, p, t + lat, ex, ring, so, hz)
     oref, k = a[1], a[2]
     if oref < 0 or oref >> 8 != dt or not ref_ok(oref, w, spd):
@@ -445,22 +459,19 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
         return operand_error(hz, 2, k)
     if not stream_read(ref, w, p, t, ring, sa, hz):
         return False
-    for b in range(w):     # (SHIFT and ROTATE as contiguous runs, without a branch per lane)
+    for b in range(w):     # (SHIFT and ROTATE as runs from 0 over views: loops that vectorize)
         x, y = sa[b], so[b]
         if op == C_SHIFT:
             lo, hi = min(max(k, 0), lanes), max(min(lanes + k, lanes), 0)
             for l in range(lo):
                 y[l] = 0
-            for l in range(lo, hi):
-                y[l] = x[l - k]
-            for l in range(max(hi, lo), lanes):
-                y[l] = 0
+            if hi > lo:
+                copy_run(x[lo - k:hi - k], y[lo:hi])
+            zero_run(y[max(hi, lo):lanes])
         elif op == C_ROTATE:
             kk = k % lanes
-            for l in range(kk):
-                y[l] = x[l - kk + lanes]
-            for l in range(kk, lanes):
-                y[l] = x[l - kk]
+            copy_run(x[lanes - kk:lanes], y[:kk])
+            copy_run(x[:lanes - kk], y[kk:lanes])
         elif op == C_PERMUTE:
             tab = tables[k]
             for l in range(lanes):
@@ -499,18 +510,20 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.zeros(nplanes, np.int64),                          # pend_n
             (np.full((nplanes, lanes), -1, np.int64),             # order: the LW each buffer row waits to install,
              np.zeros((nplanes, acc_rows), np.int64),             #   accumulator rows (0 unused, 1 result pending,
-             np.full((nplanes, acc_rows), -1, np.int64)))         #   2 read out) and each row's last ABC
+             np.full((nplanes, acc_rows), -1, np.int64)),         #   2 read out) and each row's last ABC
+            np.zeros((nplanes, lanes, 2), np.int64),              # wcols: columns of each weight row's nonzeros
+            np.zeros(nplanes, np.int64))                          # wfresh: wts holds the installed weights
 
 
 def reset(ws):
     """Back to the state of a machine that has run nothing (what a run can observe)."""
     (ring, bank_last, lbuf, lw_dt, wts, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n,
-     order) = ws
+     order, wcols, wfresh) = ws
     ring[0].fill(NO_DIAG)
     ring[4].fill(0)
     for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wts, 0), (wts32, 0), (wnorm, 0), (wdt, -1), (busy, 0),
                  (acc_bits, 0), (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0), (order[0], -1), (order[1], 0),
-                 (order[2], -1)):
+                 (order[2], -1), (wcols, 0), (wfresh, 0)):
         a.fill(v)
 
 
@@ -523,7 +536,8 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     it, emulator/c2c.py, and calls again from the next). Dispatch is by each instruction's core
     unit (`cunit`), then by its core operation."""
     (ring, bank_last, lbuf, lw_dt, _, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
-     pend_n, order) = ws
+     pend_n, order, wcols, wfresh) = ws
+    act = np.zeros(lanes, np.int64)
     sa = np.zeros((4, lanes), np.uint8)
     sb = np.zeros((4, lanes), np.uint8)
     so = np.zeros((4, lanes), np.uint8)
@@ -533,7 +547,6 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     u32 = np.zeros(lanes, np.uint32)
     f32v = u32.view(np.float32)
     ybuf = np.zeros((ABC_BATCH, lanes), np.float64)
-    tmp32 = np.zeros((lanes, lanes), np.float32)      # install's scratch
     for i in range(start, cyc.shape[0]):
         t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
         p = upos[i]
@@ -542,8 +555,8 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
                           ring, sa, sb, hz, counters)
         elif u == U_MXM:
             ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
-                          lbuf, lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so,
-                          pend_x, pend_meta, pend_n, ybuf, tmp32, bulk_min, hz, counters)
+                          lbuf, lw_dt, wts32, wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order,
+                          sa, so, pend_x, pend_meta, pend_n, ybuf, act, bulk_min, hz, counters)
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)

@@ -73,24 +73,84 @@ def exact_dot(x, w, m, c):
 
 
 @njit(cache=True)
-def products(x, n, w, dt, y, exact, wnorm):
+def support(x, n, wcols, wnorm, act):
+    """The part of the product x[:n] @ w that can be nonzero: (na, lo, hi) with act[:na] the
+    lanes k where some x[b, k] != 0 and [lo, hi) the columns where some weight of those rows is
+    nonzero (wcols: `row_support` of w). Every other product is an exact zero, so the exact sum
+    of an element is the exact sum over act[:na], and outside [lo, hi) it is +0: valid only
+    where every operand is finite (x here, w by its column norms); otherwise every lane and
+    column (na = K, [0, lanes))."""
+    kk, lanes = wcols.shape[0], wnorm.shape[0]
+    finite = True
+    for m in range(lanes):
+        if not np.isfinite(wnorm[m]):
+            finite = False
+    na = 0
+    for k in range(kk):
+        nz = False
+        for b in range(n):
+            v = x[b, k]
+            if v != 0.0:
+                nz = True
+                if not np.isfinite(v):
+                    finite = False
+        if nz:
+            act[na] = k
+            na += 1
+    if not finite:
+        for k in range(kk):
+            act[k] = k
+        return kk, 0, lanes
+    lo, hi = lanes, 0
+    for j in range(na):
+        lo = min(lo, wcols[act[j], 0])
+        hi = max(hi, wcols[act[j], 1])
+    return (na, lo, hi) if lo < hi else (na, 0, 0)
+
+
+@njit(cache=True)
+def row_support(w, out):
+    """out[k] = [first, last + 1) of the nonzero (or non-finite) weights of row k ([lanes, 0) if none)."""
+    lanes = w.shape[1]
+    for k in range(w.shape[0]):
+        row = w[k]
+        lo = 0
+        while lo < lanes and row[lo] == 0.0:
+            lo += 1
+        hi = lanes
+        while hi > lo and row[hi - 1] == 0.0:
+            hi -= 1
+        out[k, 0], out[k, 1] = (lo, hi) if lo < hi else (lanes, 0)
+
+
+@njit(cache=True)
+def products(x, n, w, dt, y, exact, wnorm, wcols, act):
     """y[b, m] = the contract's result for the rows b < n of x (each weight row read once for
-    the batch). f16 with `exact`: the high and low parts of `exact_dot` in y and a second
-    array; else a float64 sum in lane order, settled like a BLAS product (`settle`, wnorm: the
-    column norms of w)."""
+    the batch). f16 with `exact` (the reference path, every lane and column): the high and low
+    parts of `exact_dot` in y and a second array; else a float64 sum in lane order over the
+    `support` (wcols: `row_support` of w, act: int64 scratch [K]), settled like a BLAS product
+    (`settle`, wnorm: the column norms of w)."""
     lanes = w.shape[1]
     for b in range(n):
         for m in range(lanes):
             y[b, m] = 0.0
     if dt == D_I8 or not exact:         # i8: integers below 2^23, every float64 sum is exact
-        for k in range(w.shape[0]):
-            row = w[k]
+        if exact:
+            for k in range(w.shape[0]):
+                act[k] = k
+            na, clo, chi = w.shape[0], 0, lanes
+        else:
+            na, clo, chi = support(x, n, wcols, wnorm, act)
+        nc = chi - clo
+        for j in range(na):
+            k = act[j]
+            row = w[k, clo:chi]
             for b in range(n):
-                xk, yb = x[b, k], y[b]
-                for m in range(lanes):
+                xk, yb = x[b, k], y[b, clo:chi]
+                for m in range(nc):
                     yb[m] += xk * row[m]
         if dt != D_I8:
-            settle(x, n, w, wnorm, y)
+            settle(x, n, w, wnorm, y, clo, chi)
         return
     c = split_scale(w.shape[0])
     ic = 1.0 / c
@@ -113,10 +173,11 @@ def products(x, n, w, dt, y, exact, wnorm):
 
 
 @njit(cache=True)
-def settle(x, n, w, wnorm, y):
-    """Turn the float64 BLAS product y = x[:n] @ w (f16 operands) into the contract's results:
-    keep round(y) where the error bound proves it, recompute the rest exactly. Returns how many
-    elements were recomputed."""
+def settle(x, n, w, wnorm, y, clo, chi):
+    """Turn the float64 BLAS product y = x[:n] @ w (f16 operands) in the columns [clo, chi) into
+    the contract's results (the other columns are exact zeros: `support`): keep round(y) where
+    the error bound proves it, recompute the rest exactly. Returns how many elements were
+    recomputed."""
     k = w.shape[0]
     cs = split_scale(k)
     c = 2.0 * k * 2.0 ** -MANTISSA      # twice the summation error bound per unit of |x| |w|
@@ -126,7 +187,7 @@ def settle(x, n, w, wnorm, y):
         for j in range(k):
             xn += x[b, j] * x[b, j]
         xn = np.sqrt(xn) * c
-        for m in range(w.shape[1]):
+        for m in range(clo, chi):
             v = y[b, m]
             e = xn * wnorm[m]
             lo, hi = np.float32(v - e), np.float32(v + e)
@@ -139,28 +200,29 @@ def settle(x, n, w, wnorm, y):
 
 
 @njit(cache=True)
-def install(buf, dt, trans, lanes, f16tab, w, wnorm, tmp):
-    """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed if trans) as float32
-    numbers (f16 and i8 values are exact in it); wnorm[n]: the 2-norm of column n (for
-    `settle`), rounded up a little. tmp: a float32 scratch [lanes, lanes] (the untransposed
-    numbers; copied to w in tiles)."""
+def install(buf, dt, trans, lanes, f16tab, w, wnorm, wcols):
+    """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed in place if trans) as
+    float32 numbers (f16 and i8 values are exact in it); wnorm[n]: the 2-norm of
+    column n (for `settle`), rounded up a little; wcols: `row_support`."""
     lo, hi = buf[0], buf[1]
-    dst = tmp if trans else w
-    if dt == D_I8:
-        for k in range(lanes):
-            for n in range(lanes):
-                dst[k, n] = np.float32(np.int8(lo[k, n]))
-    else:
-        for k in range(lanes):
-            for n in range(lanes):
-                dst[k, n] = f16tab[np.int64(lo[k, n]) | (np.int64(hi[k, n]) << 8)]
+    for k in range(lanes):
+        for n in range(lanes):
+            w[k, n] = weight(lo[k, n], hi[k, n], dt, f16tab)
     if trans:
         for k0 in range(0, lanes, 32):
-            for n0 in range(0, lanes, 32):
+            for n0 in range(k0, lanes, 32):
                 for k in range(k0, min(k0 + 32, lanes)):
-                    for n in range(n0, min(n0 + 32, lanes)):
-                        w[k, n] = tmp[n, k]
+                    for n in range(max(n0, k + 1), min(n0 + 32, lanes)):
+                        w[k, n], w[n, k] = w[n, k], w[k, n]
     column_norms(w, wnorm)
+    row_support(w, wcols)
+
+
+@njit(cache=True, inline="always")
+def weight(lo, hi, dt, f16tab):
+    if dt == D_I8:
+        return np.float32(np.int8(lo))
+    return f16tab[np.int64(lo) | (np.int64(hi) << 8)]
 
 
 @njit(cache=True)
@@ -175,13 +237,23 @@ def column_norms(w, out):
         out[n] = np.sqrt(out[n]) * (1.0 + 2.0 ** -40)
 
 
-def blas_products(x, w, dt, wnorm):
-    """The contract's results for every row of x, computed with one float64 BLAS product (on
-    the host: numba's np.dot would need SciPy), settled (f16) or exact already (i8)."""
+def blas_products(x, w, dt, wnorm, wcols):
+    """The contract's results for every row of x, computed with one float64 BLAS product over
+    the `support` (on the host: numba's np.dot would need SciPy), settled (f16) or exact
+    already (i8)."""
+    n, kk = x.shape
+    act = np.empty(kk, np.int64)
+    na, lo, hi = support(x, n, wcols, wnorm, act)
     with np.errstate(invalid="ignore"):
-        y = x @ w
+        if na == kk and lo == 0 and hi == w.shape[1]:
+            y = x @ w
+        else:
+            y = np.zeros((n, w.shape[1]))
+            if na and hi > lo:
+                rows = act[:na]
+                y[:, lo:hi] = x[:, rows] @ w[rows, lo:hi]
     if dt != D_I8:
-        settle(x, x.shape[0], w, wnorm, y)
+        settle(x, n, w, wnorm, y, lo, hi)
     return y
 
 

@@ -67,6 +67,7 @@ class Prepared:
     nrows: int
     sym_rows: dict         # symbol name -> int64 [nvec, width] rows
     loaded_rows: np.ndarray   # rows that hold a value before cycle 0
+    unloaded_rows: np.ndarray  # the other rows (cleared before a run)
     tables: np.ndarray
     ring_size: int
     workspace: tuple | None = None   # the core's unit state, kept between runs (emulator/core.py)
@@ -138,7 +139,9 @@ def prepare(program: Program, schedule) -> Prepared:
     ring_size = 64
     while ring_size < 2 * (m.n_positions + max(m.latency.values()) + 1):
         ring_size *= 2
-    prep = Prepared(s, cop[s.op], cunit[s.op], uidx, upos, base, lo, nrows, sym_rows,
-                    np.concatenate(loaded) if loaded else np.zeros(0, np.int64), tables, ring_size)
+    loaded = np.concatenate(loaded) if loaded else np.zeros(0, np.int64)
+    unloaded = np.setdiff1d(np.arange(max(nrows, 1), dtype=np.int64), loaded)
+    prep = Prepared(s, cop[s.op], cunit[s.op], uidx, upos, base, lo, nrows, sym_rows, loaded, unloaded, tables,
+                    ring_size)
     program.__dict__["_emulator_prepared"] = (key, prep)
     return prep

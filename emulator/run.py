@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpu.emulator import core, mxm
+from lpu.emulator import core, mxm, sram_core
 from lpu.emulator.prepare import Prepared, prepare
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import NP_DTYPE
@@ -174,25 +174,27 @@ def _to_bits(dtype: str, arr: np.ndarray) -> np.ndarray:
         bits[nan] = (u[nan] >> 16) | 0x40
         arr = bits.astype("<u2")
     else:
-        arr = arr.astype(np.dtype(NP_DTYPE[dtype]).newbyteorder("<"))
+        arr = arr.astype(np.dtype(NP_DTYPE[dtype]).newbyteorder("<"), copy=False)
     return np.ascontiguousarray(arr).view(np.uint8).reshape(arr.shape + (-1,))
 
 
 def _store(mem: np.ndarray, rows: np.ndarray, sym: Symbol, arr: np.ndarray, m):
     nrow, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
-    by = np.zeros((nrow, chunks * m.lanes, sym.width), np.uint8)
-    by[:, :cols] = _to_bits(sym.dtype, arr.reshape(nrow, cols))
-    mem[rows.ravel()] = by.reshape(nrow, chunks, m.lanes, sym.width).transpose(0, 1, 3, 2).reshape(-1, m.lanes)
+    planes = _to_bits(sym.dtype, arr.reshape(nrow, cols))
+    sram_core.store(mem, rows, np.ascontiguousarray(planes.transpose(0, 2, 1)) if sym.width > 1 else
+                    planes.reshape(nrow, 1, cols), chunks)
 
 
 def _fetch(mem: np.ndarray, rows: np.ndarray, sym: Symbol, m) -> np.ndarray:
-    nrow, _, cols = vector_grid(tuple(sym.shape), m.lanes)
-    by = np.ascontiguousarray(mem[rows].transpose(0, 2, 1))          # [vectors, lanes, width]
+    nrow, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
+    planes = np.empty((nrow, sym.width, cols), np.uint8)
+    sram_core.fetch(mem, rows, planes, chunks)
+    by = np.ascontiguousarray(planes.transpose(0, 2, 1))           # [rows, cols, width]
     if sym.dtype == "bf16":
         vals = (by.view("<u2")[..., 0].astype(np.uint32) << 16).view(np.float32)
     else:
         vals = by.view(np.dtype(NP_DTYPE[sym.dtype]).newbyteorder("<"))[..., 0]
-    return vals.reshape(nrow, -1)[:, :cols].astype(NP_DTYPE[sym.dtype]).reshape(tuple(sym.shape))
+    return vals.astype(NP_DTYPE[sym.dtype]).reshape(tuple(sym.shape))
 
 
 def load(program: Program, values: dict, prep: Prepared | None = None) -> np.ndarray:
@@ -205,7 +207,7 @@ def load(program: Program, values: dict, prep: Prepared | None = None) -> np.nda
     if prep.mem is None:
         prep.mem = np.zeros((max(prep.nrows, 1), m.lanes), np.uint8)
     else:
-        prep.mem.fill(0)
+        sram_core.clear(prep.mem, prep.unloaded_rows)    # the loaded tensors' rows are all written below
     mem = prep.mem
     wanted = {s.name: s for s in program.symbols if s.kind in ("input", "weight", "state")}
     unknown = sorted(set(values) - set(wanted))
@@ -310,10 +312,12 @@ BULK_MIN = 4    # batches of this many ABCs or more are multiplied out with BLAS
 def _bulk(ws, plane: int) -> None:
     """Multiply out the pending ABCs of `plane` with one BLAS product (core.flush asked for it),
     then settle it to the contract's bits (mxm.settle; i8: BLAS's float64 sum is exact)."""
-    _, _, _, _, wts, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _ = ws
+    _, _, _, _, wts, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _, wcols, wfresh = ws
     n = int(pend_n[plane])
-    np.copyto(wts[plane], wts32[plane])      # BLAS takes float64 (the same numbers)
-    y = mxm.blas_products(pend_x[plane, :n], wts[plane], wdt[plane], wnorm[plane])
+    if not wfresh[plane]:                    # BLAS takes float64 (the same numbers), once per IW
+        np.copyto(wts[plane], wts32[plane])
+        wfresh[plane] = 1
+    y = mxm.blas_products(pend_x[plane, :n], wts[plane], wdt[plane], wnorm[plane], wcols[plane])
     mxm.accumulate(acc_bits[plane], pend_meta[plane], n, y)
     pend_n[plane] = 0
 

@@ -73,10 +73,12 @@ def compute(op, a, adt, b, bdt, bimm, imm, odt, nv, lanes, f16tab, fa, fb, u32, 
     if op == C_CONV or bimm != 2:
         _decode(a, adt, lanes, f16tab, u32, f32v, fa)
     else:
-        fa[:] = fimm
+        for l in range(lanes):
+            fa[l] = fimm
     if op != C_CONV:
         if bimm == 1:
-            fb[:] = fimm
+            for l in range(lanes):
+                fb[l] = fimm
         else:
             _decode(b, bdt, lanes, f16tab, u32, f32v, fb)
         _binary(op, fa, fb, lanes)

@@ -57,15 +57,24 @@ def _bits(y) -> np.ndarray:
     return bits
 
 
+def _support(w):
+    wcols = np.zeros((w.shape[0], 2), np.int64)
+    mxm.row_support(w, wcols)
+    return wcols, np.zeros(w.shape[0], np.int64)
+
+
 def both_paths(x, w):
+    """The row path (every lane and column), the short path and the bulk path (each over the
+    support: the lanes where x is nonzero, the columns where those weight rows are)."""
     n = x.shape[0]
     norms = np.zeros(w.shape[1])
     mxm.column_norms(w, norms)
+    wcols, act = _support(w)
     row, short = np.zeros((n, w.shape[1])), np.zeros((n, w.shape[1]))
-    mxm.products(x, n, w, D_F16, row, True, norms)
-    mxm.products(x, n, w.astype(np.float32), D_F16, short, False, norms)     # as the core: f32 weights
+    mxm.products(x, n, w, D_F16, row, True, norms, wcols, act)
+    mxm.products(x, n, w.astype(np.float32), D_F16, short, False, norms, wcols, act)  # as the core: f32 weights
     assert np.array_equal(_bits(short), _bits(row))
-    return row, mxm.blas_products(x, w, D_F16, norms)
+    return row, mxm.blas_products(x, w, D_F16, norms, wcols)
 
 
 def assert_contract(x, w):
@@ -97,6 +106,10 @@ def operands(draw):
         if draw(st.booleans()):      # ... but for one tiny product, far below the big ones
             x[:, 0], w[0] = 2.0**-24, 2.0**-20
     x[rng.random((n, k)) < 0.1] = 0.0
+    if draw(st.booleans()):          # zero lanes, weight rows and columns (as attention's short heads)
+        x[:, rng.random(k) < 0.5] = 0.0
+        w[rng.random(k) < 0.3] = 0.0
+        w[:, rng.random(m) < 0.4] = 0.0
     return x, w
 
 
@@ -140,22 +153,27 @@ def test_bulk_path_recomputes_only_doubtful_elements():
     norms = np.zeros(320)
     mxm.column_norms(w, norms)
     y = x @ w
-    redo = mxm.settle(x, 64, w, norms, y)
+    redo = mxm.settle(x, 64, w, norms, y, 0, 320)
     assert 0 <= redo < 0.01 * y.size
     x[:, 160:] = x[:, :160]
     w[160:] = -w[:160]                    # every sum exactly zero: every element is recomputed
     y = x @ w
-    assert mxm.settle(x, 64, w, norms, y) == y.size and not np.any(y)
+    assert mxm.settle(x, 64, w, norms, y, 0, 320) == y.size and not np.any(y)
 
 
 def test_i8_products_are_exact_integers():
     rng = np.random.default_rng(4)
     x = rng.integers(-128, 128, (5, 320)).astype(np.float64)
     w = rng.integers(-128, 128, (320, 320)).astype(np.float64)
-    y = np.zeros((5, 320))
-    mxm.products(x, 5, w, D_I8, y, True, np.zeros(320))
+    x[:, 100:] = 0
+    w[:, 200:] = 0
+    wcols, act = _support(w)
     want = x.astype(np.int64) @ w.astype(np.int64)
-    assert np.array_equal(y, want) and np.array_equal(mxm.blas_products(x, w, D_I8, np.zeros(320)), want)
+    for exact in (True, False):
+        y = np.zeros((5, 320))
+        mxm.products(x, 5, w, D_I8, y, exact, np.zeros(320), wcols, act)
+        assert np.array_equal(y, want)
+    assert np.array_equal(mxm.blas_products(x, w, D_I8, np.zeros(320), wcols), want)
 
 
 # ---- whole programs: the bulk path changes no bit ------------------------------------------------
