@@ -158,13 +158,14 @@ def cut_costs(graph: IRGraph):
     return comp, resident, crossing, allowed
 
 
-def choose_cuts(graph: IRGraph, chips: int, capacity: int | None = None) -> list[int]:
+def choose_cuts(graph: IRGraph, chips: int, capacity: int | None = None, costs=None) -> list[int]:
     """Positions (into the compute nodes) where stages 1 .. chips-1 begin. Each stage aims at an
     equal share of the bytes not yet placed; near that point (a tenth of a share either way) the
     cut where the fewest bytes cross is taken. With `capacity` (bytes a chip can hold for the
     stage's resident tensors and the values it receives and sends), only cuts within it are
-    taken while there are any (the farthest such, when none is near the aim)."""
-    comp, resident, crossing, allowed = cut_costs(graph)
+    taken while there are any (the farthest such, when none is near the aim). costs: cut_costs
+    of the graph, if already computed."""
+    comp, resident, crossing, allowed = costs or cut_costs(graph)
     k = len(comp)
     if chips > 1 and np.count_nonzero(allowed) < chips - 1:
         raise ValueError(f"the program has {np.count_nonzero(allowed) + 1} places to cut it at most, "
@@ -192,6 +193,34 @@ def choose_cuts(graph: IRGraph, chips: int, capacity: int | None = None) -> list
         cuts.append(best)
         prev = best
     return cuts
+
+
+def stage_bytes(costs, cuts: list[int]) -> list[int]:
+    """Per stage of the cuts: its resident bytes plus the bytes it receives and sends."""
+    comp, resident, crossing, _ = costs
+    b = [0] + list(cuts) + [len(comp)]
+    return [int(resident[b[i]:b[i + 1]].sum()) + int(crossing[b[i]]) + int(crossing[b[i + 1]])
+            for i in range(len(b) - 1)]
+
+
+def fewest_chips(graph: IRGraph, start: int, top: int, capacity: int) -> int:
+    """The fewest chips from `start` (at most `top`) whose cuts keep every stage within
+    `capacity`, or `start` if no count up to `top` does (the compile then says which stage is
+    too large). Cheap beside compiling: a count too small is found here, not by compiling
+    every stage up to the one that does not fit."""
+    costs = cut_costs(graph)
+    for n in range(max(1, start), top + 1):
+        if n == 1:
+            if int(costs[1].sum()) <= capacity:
+                return 1
+            continue
+        try:
+            cuts = choose_cuts(graph, n, capacity, costs)
+        except ValueError:
+            return start
+        if max(stage_bytes(costs, cuts)) <= capacity:
+            return n
+    return start
 
 
 def split(graph: IRGraph, cuts: list[int], route=None) -> list[Stage]:

@@ -201,6 +201,8 @@ def compile_auto(graph, system: SystemConfig, stats: CompileStats | None = None,
     resident = sum(n.nbytes for n in graph.nodes() if n.op in ("weight", "state", "const"))
     chips = max(1, -(-resident // m.sram_bytes))
     top = max_chips or min(MAX_CHIPS, max(2 * chips, system.chips_per_node))
+    if chips > 1:             # the fewest whose stages fit, before compiling any
+        chips = P.fewest_chips(graph, chips, top, int(m.sram_bytes * FILL))
     last = None
     while chips <= top:
         try:
