@@ -102,16 +102,26 @@ def _matmul_fan_in(graph: IRGraph, nid: int) -> int | None:
     return None
 
 
+HUGE = 1 << 28      # elements: an integer tensor larger than this is drawn one slice of axis 0 at a time
+
+
 def random_values(graph: IRGraph, seed: int = 0) -> dict[str, np.ndarray]:
     """Deterministic values for every declared input, weight and state. Floats are N(0, 1)
     scaled by 1/sqrt(K) for matmul right operands (K = fan-in) and by 0.1 for other weights,
-    so that deep programs stay well inside f16 range; integers are uniform in [-8, 8]."""
+    so that deep programs stay well inside f16 range; integers are uniform in [-8, 8] (a tensor of
+    more than HUGE elements, Llama-2-7B's i8 weights, is drawn slice by slice of axis 0: not the
+    values one draw would give, but without an 11 GB int64 copy)."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, nid in graph.decls.items():
         n = graph.node(nid)
         if not S.is_float(n.dtype):
-            out[name] = rng.integers(-8, 9, size=n.shape).astype(S.NP_DTYPE[n.dtype])
+            if n.size > HUGE and len(n.shape) > 1:      # slice by slice: no int64 copy of the whole
+                arr = out[name] = np.empty(n.shape, S.NP_DTYPE[n.dtype])
+                for i in range(n.shape[0]):
+                    arr[i] = rng.integers(-8, 9, size=n.shape[1:])
+            else:
+                out[name] = rng.integers(-8, 9, size=n.shape).astype(S.NP_DTYPE[n.dtype])
             continue
         k = _matmul_fan_in(graph, nid)
         scale = 1.0 / np.sqrt(k) if k else (0.1 if n.op == "weight" else 1.0)
