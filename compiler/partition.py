@@ -121,7 +121,18 @@ def _state_spans(graph: IRGraph, pos: dict) -> list[tuple[int, int]]:
 
 def cut_costs(graph: IRGraph):
     """(compute nodes, resident bytes attributed to each, bytes crossing a cut before each
-    position, allowed[k]: a cut before position k keeps every state in one stage)."""
+    position, allowed[k]: a cut before position k keeps every state in one stage). Kept on the
+    graph (--chips auto asks for several chip counts)."""
+    key = graph.g.number_of_nodes()
+    hit = graph.__dict__.get("_cut_costs")
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    out = _cut_costs(graph)
+    graph.__dict__["_cut_costs"] = (key, out)
+    return out
+
+
+def _cut_costs(graph: IRGraph):
     comp = _compute(graph)
     pos = {n.id: i for i, n in enumerate(comp)}
     k = len(comp)
@@ -177,21 +188,21 @@ def choose_cuts(graph: IRGraph, chips: int, capacity: int | None = None, costs=N
     for i in range(1, chips):
         share = (total - before[prev]) / (chips - i + 1)
         target, slack = before[prev] + share, share / 10
-        cand = [c for c in range(prev + 1, k - (chips - 1 - i)) if allowed[c]]
-        if not cand:
+        cand = np.flatnonzero(allowed[prev + 1:k - (chips - 1 - i)]) + prev + 1
+        if not len(cand):
             raise ValueError(f"no place to cut the program into {chips} stages")
-        if capacity:
-            fits = [c for c in cand if before[c] - before[prev] + crossing[prev] + crossing[c] <= capacity]
-            cand = fits or cand
-        near = [c for c in cand if abs(before[c] - target) <= slack]
-        if near:
-            best = min(near, key=lambda c: (crossing[c], abs(before[c] - target), c))
-        elif capacity and fits and before[fits[-1]] < target:
+        fits = cand[before[cand] - before[prev] + crossing[prev] + crossing[cand] <= capacity] if capacity else cand
+        if capacity and len(fits):
+            cand = fits
+        near = cand[np.abs(before[cand] - target) <= slack]
+        if len(near):      # the fewest bytes crossing, then nearest the aim, then the first
+            best = near[np.lexsort((near, np.abs(before[near] - target), crossing[near]))[0]]
+        elif capacity and len(fits) and before[fits[-1]] < target:
             best = fits[-1]                  # the aim does not fit: as far as fits
         else:
-            best = min(cand, key=lambda c: (abs(before[c] - target), crossing[c], c))
-        cuts.append(best)
-        prev = best
+            best = cand[np.lexsort((cand, crossing[cand], np.abs(before[cand] - target)))[0]]
+        cuts.append(int(best))
+        prev = int(best)
     return cuts
 
 
