@@ -262,12 +262,13 @@ def split(graph: IRGraph, cuts: list[int], route=None) -> list[Stage]:
     for nid, a, b in hops:
         stages[a].send.append((nid, b))
         stages[b].recv.append((nid, a))
+    uses = {leaf: split_uses(graph, leaf) for leaf in graph.decls.values()}
     for s, st in enumerate(stages):
-        _build(graph, st, s, stage_of)
+        _build(graph, st, s, stage_of, uses)
     return stages
 
 
-def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
+def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict, leaf_uses: dict) -> None:
     g = st.graph
     g.params = dict(graph.params)
     new = {}
@@ -276,7 +277,7 @@ def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
     split = {}                               # leaf id -> (start, stop) held here
     version_of = {}                          # a split state's version (node id) -> its leaf id
     for name, leaf in graph.decls.items():
-        uses = split_uses(graph, leaf)
+        uses = leaf_uses[leaf]
         if not uses:
             continue
         for u, _ in uses:
@@ -317,7 +318,7 @@ def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
         for i in graph.node(nid).inputs:
             if i not in mine:
                 ref(i)
-    for n in graph.nodes():
+    for n in map(graph.node, sorted(mine.union(graph.outputs.values()))):    # its nodes and the outputs
         if n.id in mine:
             ins = [ref(i) for i in n.inputs]
             attrs, shape = dict(n.attrs), n.shape
