@@ -390,3 +390,20 @@ def test_multi_chip_bounds(mlp2):
         s = SystemConfig.load("node", MachineConfig.load("tsp-v1"), 4)
         b4 = B.system_bounds(g, s.machine, s, 4)
         assert b4["tp_links"] == sum(B.collective_cycles(k, n, 4, s) for k, n in coll) > 4 * s.hop_cycles
+
+
+def test_chips_let_go_when_done_give_the_same_result(mlp2, monkeypatch):
+    """A large group drops each chip's prepared program when it ends (emulator/system.py
+    KEEP_BELOW): the same outputs and cycles, and the next run prepares it again."""
+    import lpu.emulator.system as S
+    g, sp = mlp2
+    vals = random_values(g, 1)
+    want = run_system(sp, vals)
+    monkeypatch.setattr(S, "KEEP_BELOW", 0)
+    got = run_system(sp, vals)
+    assert all("_emulator_prepared" not in p.__dict__ for p in sp.chips)
+    again = run_system(sp, vals)
+    for r in (got, again):
+        assert r.cycles == want.cycles and [c.cycles for c in r.chips] == [c.cycles for c in want.chips]
+        for k in want.outputs:
+            np.testing.assert_array_equal(r.outputs[k], want.outputs[k])
