@@ -127,8 +127,9 @@ def speed(b, d) -> list:
 
 
 def systems(b) -> list:
-    if b.quick:
-        return [item("system", "bert_large on 4 chips, llama2_7b_decode on --chips auto", None, skipped="--quick")]
+    if b.quick or b.machine.name != "tsp-v1":
+        return [item("system", "bert_large on 4 chips, llama2_7b_decode on --chips auto", None,
+                     skipped="--quick" if b.quick else "full-size programs: tsp-v1 only")]
     out = []
     with tempfile.TemporaryDirectory() as d:
         for part in (speed, bert_large, llama):
