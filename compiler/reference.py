@@ -73,11 +73,22 @@ def run_reference(graph: IRGraph, values: dict, k_tile: int = 320) -> tuple[dict
     """Evaluate the graph on `values` (declared name -> array). Returns (outputs, final_states),
     each a dict name -> array of the node's dtype. `k_tile` is the matmul K tile (the lanes)."""
     env = _check_values(graph, values)
+    keep = set(graph.outputs.values()) | set(graph.final_states.values())
+    last = {}                                # node id -> the last node that reads it
+    for n in graph.nodes():
+        for i in n.inputs:
+            last[i] = n.id
+    done_with = {}
+    for i, u in last.items():
+        if i not in keep:
+            done_with.setdefault(u, []).append(i)
     for n in graph.nodes():
         if n.id in env:
             continue
         env[n.id] = _eval(n, [env[i] for i in n.inputs], k_tile)
         assert env[n.id].shape == n.shape and env[n.id].dtype == S.NP_DTYPE[n.dtype], (n, env[n.id].shape)
+        for i in done_with.get(n.id, ()):    # a value no later node reads is let go (a model's
+            env.pop(i, None)                 # casts of its weights, a state's old versions)
     outputs = {name: env[nid] for name, nid in graph.outputs.items()}
     states = {name: env[nid] for name, nid in graph.final_states.items()}
     return outputs, states
