@@ -113,15 +113,16 @@ def speed(b, d) -> list:
     b.log("emulation speed: bert_large L=1 on one chip, L=4 on 4 chips")
     one = probe("one", path, "L=1")
     probe("compile", path, 4, bundle, "L=4")
-    sys1 = probe("run", bundle, 0, "warm")
-    sys2 = probe("run", bundle, 2, "warm")
+    sys1 = probe("run", bundle, 0, "warm")      # the rate: prepared, as the one-chip figure is
+    cold1 = probe("run", bundle, 0)             # workers: a fresh process each, as `lpu run` is
+    cold2 = probe("run", bundle, 2)
     rate1 = one["instructions"] / one["wall_s"]
     rate4 = sys1["instructions"] / sys1["wall_s"]        # each chip's instructions in its share of the time
     out += [item(sec, "system emulation (4 chips, one process): instructions/s / one chip's", round(rate4 / rate1, 2),
                  "x", ">= 0.5", rate4 / rate1 >= 0.5, one_chip_instr_per_s=round(rate1), system_instr_per_s=round(rate4)),
             item(sec, "system emulation: --workers 2 wall / one process (a pipeline: chips one after another)",
-                 round(sys2["wall_s"] / sys1["wall_s"], 2), "x", "<= 0.65", sys2["wall_s"] / sys1["wall_s"] <= 0.65,
-                 one_process_s=round(sys1["wall_s"], 2), workers2_s=round(sys2["wall_s"], 2))]
+                 round(cold2["wall_s"] / cold1["wall_s"], 2), "x", "<= 0.65", cold2["wall_s"] / cold1["wall_s"] <= 0.65,
+                 one_process_s=round(cold1["wall_s"], 2), workers2_s=round(cold2["wall_s"], 2))]
     return out
 
 

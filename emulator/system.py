@@ -57,12 +57,12 @@ def _receives(program) -> bool:
 
 
 class Group:
-    """Some chips of a system, run in this process. A chip that receives starts when its first
-    vector is delivered (before that it could only run ahead to its first RECV), and a chip that
-    has run its last instruction is finished at once; in a group of more than KEEP_BELOW
-    instructions its prepared program and SRAM image are then let go (a pipeline of 40 chips
-    holds about two at a time), otherwise they are kept for the next run, as a one-chip run keeps
-    them."""
+    """Some chips of a system, run in this process. A chip that has run its last instruction is
+    finished at once. In a group of more than KEEP_BELOW instructions a chip that receives starts
+    when its first vector is delivered (before that it could only run ahead to its first RECV)
+    and its prepared program and SRAM image are let go when it ends (a pipeline of 40 chips holds
+    about two at a time); a smaller group prepares every chip at the start and keeps them for the
+    next run, as a one-chip run keeps its own."""
 
     def __init__(self, items, slot_cycles: int, trace: bool = False):
         self.slot, self.trace = slot_cycles, trace
@@ -70,8 +70,8 @@ class Group:
         self.waiting = {c: (p, v) for c, p, v in items}
         self.keep = sum(len(p.op) for _, p, _ in items) < KEEP_BELOW
         self.runs, self.results = {}, {}
-        for c, p, _ in items:
-            if not _receives(p):
+        for c, p, _ in items:                # a small group prepares every chip now (a worker
+            if self.keep or not _receives(p):    # does so beside the others)
                 self._start(c)
 
     def _start(self, c: int) -> None:
