@@ -200,3 +200,107 @@ def lower_bounds(graph: IRGraph, m: MachineConfig) -> dict:
     kind = max(b, key=b.get)
     return dict(b, bound=b[kind], bound_kind=kind, macs_i8=macs["i8"], macs_f16=macs["f16"],
                 bytes_read=read, bytes_written=written)
+
+
+# ---- many chips (issue 15) ------------------------------------------------------------------
+# Three figures for a program on a system of N chips (isa/system.py), from the IR graph, the
+# chip's config and the link figures alone:
+#
+# - any: no partition of the work over N chips beats max(each resource's total work / N, the
+#   critical path): every chip has the same units.
+# - pipeline (pp): consecutive layers on consecutive chips, one input: a layer needs its whole
+#   input (attention reads every row's keys), so the chips work one after another: each
+#   resource's total work at one chip's rate, plus one link hop per cut. (A stage's row-wise
+#   tail may overlap the next stage's head; that overlap is left out, so this is the figure a
+#   pipeline aims at rather than a strict bound.)
+# - tensor parallel (tp, Megatron-style): every weight matmul split over the chips of a node,
+#   by columns where its input is whole and by rows where its input is split by columns; the
+#   partial sums of a row split are all-reduced over the node's direct links (reduce-scatter then
+#   all-gather: each chip sends 2 (N-1)/N of the bytes over its N-1 links), and a reduction
+#   over a split last axis (a layernorm of split columns) gathers first. Bound: max(each
+#   resource's work / N, the links' slots) plus a hop per collective. Past one node the nodes
+#   form a pipeline (tensor parallel in a node), one global hop per cut.
+
+FULL, COLS, LOCAL = 0, 1, 2          # whole on every chip; last axis split over chips; a head's own chip
+
+
+def _weightlike(graph: IRGraph) -> set:
+    """Nodes computed from weights and constants alone (split with their weights for free)."""
+    out = set()
+    for n in graph.nodes():
+        if n.op in ("weight", "const") or (n.op not in LEAVES and n.inputs and all(i in out for i in n.inputs)):
+            out.add(n.id)
+    return out
+
+
+def tp_collectives(graph: IRGraph) -> list[tuple[str, int]]:
+    """The collectives a Megatron-style tensor-parallel split of `graph` needs, in program
+    order: [('all-reduce' | 'all-gather', bytes of the whole tensor)]."""
+    wl = _weightlike(graph)
+    label: dict[int, int] = {}
+    out = []
+    for n in graph.nodes():
+        if n.op in LEAVES:
+            label[n.id] = FULL
+            continue
+        ins = [label[i] for i in n.inputs]
+        if n.id in wl:
+            lab = FULL
+        elif n.op == "matmul":
+            a, b = ins
+            if n.inputs[1] in wl:
+                if a == FULL:
+                    lab = COLS
+                else:                                 # rows split: partial sums reduced
+                    out.append(("all-reduce", n.nbytes))
+                    lab = FULL
+            elif COLS in (a, b):                      # an activation's split axis summed
+                out.append(("all-reduce", n.nbytes))
+                lab = FULL
+            else:
+                lab = LOCAL if LOCAL in ins else FULL
+        elif n.op == "slice" and ins[0] == COLS:
+            last = n.attrs["index"][-1]
+            src = graph.node(n.inputs[0]).shape[-1]
+            whole = not isinstance(last, int) and last[0] == 0 and last[1] == src
+            lab = COLS if whole else LOCAL
+        elif n.op == "concat" and LOCAL in ins and n.attrs["axis"] == len(n.shape) - 1:
+            lab = COLS
+        elif n.op in REDUCE and ins[0] == COLS and n.attrs["axis"] == len(graph.node(n.inputs[0]).shape) - 1:
+            out.append(("all-gather", graph.node(n.inputs[0]).nbytes))
+            lab = FULL
+        elif n.op == "store":
+            lab = COLS if ins[1] != FULL else ins[0]
+        elif n.op == "output":
+            lab = FULL
+        else:
+            lab = COLS if COLS in ins else LOCAL if LOCAL in ins else FULL
+        label[n.id] = lab
+    return out
+
+
+def collective_cycles(kind: str, nbytes: int, n: int, system) -> int:
+    """Link cycles of one collective over n chips of a node (each pair of chips has a direct
+    link): the slots each link carries plus the hops."""
+    if n <= 1:
+        return 0
+    per_link = math.ceil(nbytes / n / system.link["vector_bytes"])       # vectors a chip sends a peer
+    phases = 2 if kind == "all-reduce" else 1
+    return phases * (per_link * system.slot_cycles + system.hop_cycles)
+
+
+def system_bounds(graph: IRGraph, m: MachineConfig, system, chips: int) -> dict:
+    """The multi-chip figures above (cycles): any, pp, tp, with tp_links (the collectives'
+    cycles) and tp_chips (the chips of a node splitting each matmul)."""
+    one = lower_bounds(graph, m)
+    work = ("compute", "vxm", "sram", "stream")
+    any_ = max(max(math.ceil(one[k] / chips) for k in work), one["critical_path"])
+    nodes = math.ceil(chips / system.chips_per_node)
+    cut_hops = sum(system.hop_between(c, c + 1) for c in range(chips - 1)) if chips > 1 else 0
+    pp = max(one[k] for k in work) + cut_hops
+    n = min(chips, system.chips_per_node)
+    links = sum(collective_cycles(k, b, n, system) for k, b in tp_collectives(graph)) if n > 1 else 0
+    per_node = max(max(math.ceil(one[k] / n) for k in work), links) if n > 1 else max(one[k] for k in work)
+    tp = max(per_node, one["critical_path"]) + (nodes - 1) * system.global_hop_cycles
+    return {"chips": chips, "any": any_, "pp": pp, "tp": tp, "tp_links": links, "tp_chips": n,
+            "one_chip": one["bound"], "one_chip_kind": one["bound_kind"]}

@@ -359,5 +359,10 @@ def tracing(b: Bench) -> list:
     ]
 
 
+def _systems(b: Bench) -> list:
+    from benchmarks.systems import systems
+    return systems(b)
+
+
 SECTIONS = {"speed": emulator_speed, "compile": compile_speed, "schedule": schedule_quality,
-            "memory": memory, "tracing": tracing}
+            "memory": memory, "tracing": tracing, "system": _systems}

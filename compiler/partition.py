@@ -121,7 +121,18 @@ def _state_spans(graph: IRGraph, pos: dict) -> list[tuple[int, int]]:
 
 def cut_costs(graph: IRGraph):
     """(compute nodes, resident bytes attributed to each, bytes crossing a cut before each
-    position, allowed[k]: a cut before position k keeps every state in one stage)."""
+    position, allowed[k]: a cut before position k keeps every state in one stage). Kept on the
+    graph (--chips auto asks for several chip counts)."""
+    key = graph.g.number_of_nodes()
+    hit = graph.__dict__.get("_cut_costs")
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    out = _cut_costs(graph)
+    graph.__dict__["_cut_costs"] = (key, out)
+    return out
+
+
+def _cut_costs(graph: IRGraph):
     comp = _compute(graph)
     pos = {n.id: i for i, n in enumerate(comp)}
     k = len(comp)
@@ -158,13 +169,14 @@ def cut_costs(graph: IRGraph):
     return comp, resident, crossing, allowed
 
 
-def choose_cuts(graph: IRGraph, chips: int, capacity: int | None = None) -> list[int]:
+def choose_cuts(graph: IRGraph, chips: int, capacity: int | None = None, costs=None) -> list[int]:
     """Positions (into the compute nodes) where stages 1 .. chips-1 begin. Each stage aims at an
     equal share of the bytes not yet placed; near that point (a tenth of a share either way) the
     cut where the fewest bytes cross is taken. With `capacity` (bytes a chip can hold for the
     stage's resident tensors and the values it receives and sends), only cuts within it are
-    taken while there are any (the farthest such, when none is near the aim)."""
-    comp, resident, crossing, allowed = cut_costs(graph)
+    taken while there are any (the farthest such, when none is near the aim). costs: cut_costs
+    of the graph, if already computed."""
+    comp, resident, crossing, allowed = costs or cut_costs(graph)
     k = len(comp)
     if chips > 1 and np.count_nonzero(allowed) < chips - 1:
         raise ValueError(f"the program has {np.count_nonzero(allowed) + 1} places to cut it at most, "
@@ -176,22 +188,50 @@ def choose_cuts(graph: IRGraph, chips: int, capacity: int | None = None) -> list
     for i in range(1, chips):
         share = (total - before[prev]) / (chips - i + 1)
         target, slack = before[prev] + share, share / 10
-        cand = [c for c in range(prev + 1, k - (chips - 1 - i)) if allowed[c]]
-        if not cand:
+        cand = np.flatnonzero(allowed[prev + 1:k - (chips - 1 - i)]) + prev + 1
+        if not len(cand):
             raise ValueError(f"no place to cut the program into {chips} stages")
-        if capacity:
-            fits = [c for c in cand if before[c] - before[prev] + crossing[prev] + crossing[c] <= capacity]
-            cand = fits or cand
-        near = [c for c in cand if abs(before[c] - target) <= slack]
-        if near:
-            best = min(near, key=lambda c: (crossing[c], abs(before[c] - target), c))
-        elif capacity and fits and before[fits[-1]] < target:
+        fits = cand[before[cand] - before[prev] + crossing[prev] + crossing[cand] <= capacity] if capacity else cand
+        if capacity and len(fits):
+            cand = fits
+        near = cand[np.abs(before[cand] - target) <= slack]
+        if len(near):      # the fewest bytes crossing, then nearest the aim, then the first
+            best = near[np.lexsort((near, np.abs(before[near] - target), crossing[near]))[0]]
+        elif capacity and len(fits) and before[fits[-1]] < target:
             best = fits[-1]                  # the aim does not fit: as far as fits
         else:
-            best = min(cand, key=lambda c: (abs(before[c] - target), crossing[c], c))
-        cuts.append(best)
-        prev = best
+            best = cand[np.lexsort((cand, crossing[cand], np.abs(before[cand] - target)))[0]]
+        cuts.append(int(best))
+        prev = int(best)
     return cuts
+
+
+def stage_bytes(costs, cuts: list[int]) -> list[int]:
+    """Per stage of the cuts: its resident bytes plus the bytes it receives and sends."""
+    comp, resident, crossing, _ = costs
+    b = [0] + list(cuts) + [len(comp)]
+    return [int(resident[b[i]:b[i + 1]].sum()) + int(crossing[b[i]]) + int(crossing[b[i + 1]])
+            for i in range(len(b) - 1)]
+
+
+def fewest_chips(graph: IRGraph, start: int, top: int, capacity: int) -> int:
+    """The fewest chips from `start` (at most `top`) whose cuts keep every stage within
+    `capacity`, or `start` if no count up to `top` does (the compile then says which stage is
+    too large). Cheap beside compiling: a count too small is found here, not by compiling
+    every stage up to the one that does not fit."""
+    costs = cut_costs(graph)
+    for n in range(max(1, start), top + 1):
+        if n == 1:
+            if int(costs[1].sum()) <= capacity:
+                return 1
+            continue
+        try:
+            cuts = choose_cuts(graph, n, capacity, costs)
+        except ValueError:
+            return start
+        if max(stage_bytes(costs, cuts)) <= capacity:
+            return n
+    return start
 
 
 def split(graph: IRGraph, cuts: list[int], route=None) -> list[Stage]:
@@ -222,12 +262,13 @@ def split(graph: IRGraph, cuts: list[int], route=None) -> list[Stage]:
     for nid, a, b in hops:
         stages[a].send.append((nid, b))
         stages[b].recv.append((nid, a))
+    uses = {leaf: split_uses(graph, leaf) for leaf in graph.decls.values()}
     for s, st in enumerate(stages):
-        _build(graph, st, s, stage_of)
+        _build(graph, st, s, stage_of, uses)
     return stages
 
 
-def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
+def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict, leaf_uses: dict) -> None:
     g = st.graph
     g.params = dict(graph.params)
     new = {}
@@ -236,7 +277,7 @@ def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
     split = {}                               # leaf id -> (start, stop) held here
     version_of = {}                          # a split state's version (node id) -> its leaf id
     for name, leaf in graph.decls.items():
-        uses = split_uses(graph, leaf)
+        uses = leaf_uses[leaf]
         if not uses:
             continue
         for u, _ in uses:
@@ -277,7 +318,7 @@ def _build(graph: IRGraph, st: Stage, s: int, stage_of: dict) -> None:
         for i in graph.node(nid).inputs:
             if i not in mine:
                 ref(i)
-    for n in graph.nodes():
+    for n in map(graph.node, sorted(mine.union(graph.outputs.values()))):    # its nodes and the outputs
         if n.id in mine:
             ins = [ref(i) for i in n.inputs]
             attrs, shape = dict(n.attrs), n.shape

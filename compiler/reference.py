@@ -73,11 +73,22 @@ def run_reference(graph: IRGraph, values: dict, k_tile: int = 320) -> tuple[dict
     """Evaluate the graph on `values` (declared name -> array). Returns (outputs, final_states),
     each a dict name -> array of the node's dtype. `k_tile` is the matmul K tile (the lanes)."""
     env = _check_values(graph, values)
+    keep = set(graph.outputs.values()) | set(graph.final_states.values())
+    last = {}                                # node id -> the last node that reads it
+    for n in graph.nodes():
+        for i in n.inputs:
+            last[i] = n.id
+    done_with = {}
+    for i, u in last.items():
+        if i not in keep:
+            done_with.setdefault(u, []).append(i)
     for n in graph.nodes():
         if n.id in env:
             continue
         env[n.id] = _eval(n, [env[i] for i in n.inputs], k_tile)
         assert env[n.id].shape == n.shape and env[n.id].dtype == S.NP_DTYPE[n.dtype], (n, env[n.id].shape)
+        for i in done_with.get(n.id, ()):    # a value no later node reads is let go (a model's
+            env.pop(i, None)                 # casts of its weights, a state's old versions)
     outputs = {name: env[nid] for name, nid in graph.outputs.items()}
     states = {name: env[nid] for name, nid in graph.final_states.items()}
     return outputs, states
@@ -102,16 +113,26 @@ def _matmul_fan_in(graph: IRGraph, nid: int) -> int | None:
     return None
 
 
+HUGE = 1 << 28      # elements: an integer tensor larger than this is drawn one slice of axis 0 at a time
+
+
 def random_values(graph: IRGraph, seed: int = 0) -> dict[str, np.ndarray]:
     """Deterministic values for every declared input, weight and state. Floats are N(0, 1)
     scaled by 1/sqrt(K) for matmul right operands (K = fan-in) and by 0.1 for other weights,
-    so that deep programs stay well inside f16 range; integers are uniform in [-8, 8]."""
+    so that deep programs stay well inside f16 range; integers are uniform in [-8, 8] (a tensor of
+    more than HUGE elements, Llama-2-7B's i8 weights, is drawn slice by slice of axis 0: not the
+    values one draw would give, but without an 11 GB int64 copy)."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, nid in graph.decls.items():
         n = graph.node(nid)
         if not S.is_float(n.dtype):
-            out[name] = rng.integers(-8, 9, size=n.shape).astype(S.NP_DTYPE[n.dtype])
+            if n.size > HUGE and len(n.shape) > 1:      # slice by slice: no int64 copy of the whole
+                arr = out[name] = np.empty(n.shape, S.NP_DTYPE[n.dtype])
+                for i in range(n.shape[0]):
+                    arr[i] = rng.integers(-8, 9, size=n.shape[1:])
+            else:
+                out[name] = rng.integers(-8, 9, size=n.shape).astype(S.NP_DTYPE[n.dtype])
             continue
         k = _matmul_fan_in(graph, nid)
         scale = 1.0 / np.sqrt(k) if k else (0.1 if n.op == "weight" else 1.0)

@@ -27,10 +27,11 @@ from lpu.compiler.chains import ChainBuilder, Ctx
 from lpu.compiler.chainspec import Ins, Registry
 from lpu.compiler.driver import CompileStats, compile_graph
 from lpu.compiler.lower import Lowerer
-from lpu.compiler.verify import _Expanded
+from lpu.compiler.verify import UNIT
 from lpu.isa import opcodes as O
 from lpu.isa.errors import CapacityError, LpuError
 from lpu.compiler.place_core import NONE
+from lpu.isa.machine import UNIT_ICU
 from lpu.isa.program import Program
 from lpu.isa.system import MAX_CHIPS, SystemConfig
 
@@ -128,9 +129,21 @@ def _persistent_layout(graph, machine) -> dict:
 
 
 def _send_cycles(prog, link: int) -> list:
-    e = _Expanded(prog)
-    sel = (e.op == O.SEND) & (e.unit == link)
-    return sorted(int(c) for c in e.cycle[sel])
+    """Issue cycles of the SENDs on a link, from its C2C queue's instructions alone (a queue's
+    instructions are one run in the program; NOPs wait, REPEAT reissues the one before it)."""
+    idx = np.flatnonzero(prog.queue == prog.machine.c2c_queue(link))
+    if len(idx) == 0:
+        return []
+    assert idx[-1] - idx[0] + 1 == len(idx), "a queue's instructions are one run"
+    op, args = prog.op[idx].astype(np.int64), prog.args[idx].astype(np.int64)
+    dur = np.where(op == O.NOP, args[:, 0], np.where(op == O.REPEAT, args[:, 0] * args[:, 1],
+                                                  np.where(UNIT[op] == UNIT_ICU, 0, 1)))
+    issue = np.cumsum(dur) - dur
+    out = [int(c) for c in issue[op == O.SEND]]
+    for r in np.flatnonzero((op == O.REPEAT)[1:]) + 1:
+        if op[r - 1] == O.SEND:
+            out += [int(issue[r - 1] + j * args[r, 1]) for j in range(1, int(args[r, 0]) + 1)]
+    return sorted(out)
 
 
 def compile_stages(system: SystemConfig, stages: list, stats: CompileStats | None = None) -> list[Program]:
@@ -201,6 +214,8 @@ def compile_auto(graph, system: SystemConfig, stats: CompileStats | None = None,
     resident = sum(n.nbytes for n in graph.nodes() if n.op in ("weight", "state", "const"))
     chips = max(1, -(-resident // m.sram_bytes))
     top = max_chips or min(MAX_CHIPS, max(2 * chips, system.chips_per_node))
+    if chips > 1:             # the fewest whose stages fit, before compiling any
+        chips = P.fewest_chips(graph, chips, top, int(m.sram_bytes * FILL))
     last = None
     while chips <= top:
         try:

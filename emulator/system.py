@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lpu.emulator import cluster
-from lpu.emulator.c2c import ChipRun
+from lpu.emulator.c2c import H_LINK_UNREAD, ChipRun
+from lpu.emulator.run import HazardError
+from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
 
 LOADED = ("input", "weight", "state")
@@ -47,29 +49,71 @@ def _rows_of(sp, c: int) -> dict:
     return sp.rows[c] if getattr(sp, "rows", None) else {}
 
 
+KEEP_BELOW = 20_000_000     # instructions in a group: above, a chip's emulator state is dropped when it ends
+
+
+def _receives(program) -> bool:
+    return bool(np.any(program.op == O.RECV))
+
+
 class Group:
-    """Some chips of a system, run in this process."""
+    """Some chips of a system, run in this process. A chip that has run its last instruction is
+    finished at once. In a group of more than KEEP_BELOW instructions a chip that receives starts
+    when its first vector is delivered (before that it could only run ahead to its first RECV)
+    and its prepared program and SRAM image are let go when it ends (a pipeline of 40 chips holds
+    about two at a time); a smaller group prepares every chip at the start and keeps them for the
+    next run, as a one-chip run keeps its own."""
 
     def __init__(self, items, slot_cycles: int, trace: bool = False):
-        self.runs = {c: ChipRun(c, p, v, slot_cycles, trace=trace) for c, p, v in items}
+        self.slot, self.trace = slot_cycles, trace
+        self.chips = [c for c, _, _ in items]
+        self.waiting = {c: (p, v) for c, p, v in items}
+        self.keep = sum(len(p.op) for _, p, _ in items) < KEEP_BELOW
+        self.runs, self.results = {}, {}
+        for c, p, _ in items:                # a small group prepares every chip now (a worker
+            if self.keep or not _receives(p):    # does so beside the others)
+                self._start(c)
+
+    def _start(self, c: int) -> None:
+        p, v = self.waiting.pop(c)
+        self.runs[c] = ChipRun(c, p, v, self.slot, trace=self.trace)
+
+    def _end(self, c: int) -> None:
+        r = self.runs.pop(c)
+        self.results[c] = r.finish()
+        if not self.keep:
+            r.program.__dict__.pop("_emulator_prepared", None)
 
     def step(self, until: int, deliveries: list):
         """Deliver [(chip, link, arrival, payload)], advance every chip to `until`. Returns
         (sent [(chip, link, cycle, payload)], next: the earliest cycle a paused chip waits at, or
-        None when all are done)."""
+        None when none is paused)."""
         for c, link, arrival, payload in deliveries:
+            if c in self.results:
+                raise HazardError(f"hazard at cycle {arrival} on chip {c}: a vector delivered on link {link} after "
+                                  f"the chip's last instruction (no RECV took it)", arrival, "-", -1, "-", 0,
+                                  H_LINK_UNREAD, "one RECV per vector sent")
+            if c in self.waiting:
+                self._start(c)
             self.runs[c].deliver(link, arrival, payload)
         sent, nxt = [], None
-        for c, r in self.runs.items():
+        for c, r in list(self.runs.items()):
             for link, t, payload in r.advance(until):
                 sent.append((c, link, t, payload))
-            if not r.done:
+            if r.done:
+                self._end(c)
+            else:
                 t = int(r.s.cycle[r.at])
                 nxt = t if nxt is None else min(nxt, t)
         return sent, nxt
 
     def finish(self) -> dict:
-        return {c: r.finish() for c, r in self.runs.items()}
+        for c in list(self.waiting):          # never sent anything: it stops at its first RECV
+            self._start(c)
+            self.runs[c].advance(1 << 62)
+        for c in list(self.runs):
+            self._end(c)
+        return self.results
 
 
 def _worker(conn, items, slot_cycles, trace):
@@ -169,7 +213,7 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
     system = sp.system
     owner = {}
     for gi, g in enumerate(groups):
-        for c in (g.runs if isinstance(g, Group) else range(gi, len(sp.chips), len(groups))):
+        for c in (g.chips if isinstance(g, Group) else range(gi, len(sp.chips), len(groups))):
             owner[c] = gi
     win = system.min_latency
     w, windows = 0, 0

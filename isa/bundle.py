@@ -32,18 +32,26 @@ def is_bundle(data: bytes) -> bool:
             and struct.unpack_from("<H", data, len(E.MAGIC))[0] == BUNDLE_VERSION)
 
 
-def encode_bundle(sp) -> bytes:
-    """Bytes of a SystemProgram (compiler/system.py)."""
+def bundle_parts(sp) -> list:
+    """The bytes of a SystemProgram (compiler/system.py) as parts, one after another, the
+    checksum last: a bundle of many chips is written without a whole copy of it in memory."""
     rows = [{k: list(v) for k, v in r.items()} for r in (sp.rows or [{} for _ in sp.chips])]
     head = json.dumps({"system": sp.system.to_dict(), "outputs": dict(sp.outputs), "params": dict(sp.params),
                        "chips": len(sp.chips), "rows": rows}, sort_keys=True).encode()
-    body = [struct.pack("<I", len(head)), head]
+    parts = [struct.pack("<I", len(head)), head]
     for p in sp.chips:
         blob = E.encode(p)
-        body += [struct.pack("<I", len(blob)), blob]
-    rest = b"".join(body)
-    data = E.MAGIC + struct.pack("<HI", BUNDLE_VERSION, len(rest) + 4) + rest
-    return data + struct.pack("<I", zlib.crc32(data))
+        parts += [struct.pack("<I", len(blob)), blob]
+    parts.insert(0, E.MAGIC + struct.pack("<HI", BUNDLE_VERSION, sum(len(x) for x in parts) + 4))
+    crc = 0
+    for x in parts:
+        crc = zlib.crc32(x, crc)
+    return parts + [struct.pack("<I", crc)]
+
+
+def encode_bundle(sp) -> bytes:
+    """Bytes of a SystemProgram (compiler/system.py)."""
+    return b"".join(bundle_parts(sp))
 
 
 def decode_bundle(data: bytes):
@@ -54,7 +62,8 @@ def decode_bundle(data: bytes):
     if len(data) != total:
         raise BinaryError(f"{'truncated' if len(data) < total else 'corrupt'} system bundle: {len(data)} bytes, "
                           f"its header says {total}")
-    if struct.unpack_from("<I", data, total - 4)[0] != zlib.crc32(data[:total - 4]):
+    view = memoryview(data)                  # slices of it are not copies
+    if struct.unpack_from("<I", data, total - 4)[0] != zlib.crc32(view[:total - 4]):
         raise BinaryError("corrupt system bundle: checksum mismatch (the file was damaged)")
     pos = _PRE
     try:
@@ -66,7 +75,7 @@ def decode_bundle(data: bytes):
         for c in range(int(head["chips"])):
             (n,) = struct.unpack_from("<I", data, pos)
             try:
-                progs.append(E.decode(data[pos + 4:pos + 4 + n], system.machine))
+                progs.append(E.decode(view[pos + 4:pos + 4 + n], system.machine))
             except BinaryError as e:
                 raise BinaryError(f"chip {c}: {e.message}") from None
             pos += 4 + n
@@ -85,4 +94,4 @@ def decode_bundle(data: bytes):
 
 
 def save_bundle(sp, path: str) -> None:
-    E.write_parts([encode_bundle(sp)], path)
+    E.write_parts(bundle_parts(sp), path)

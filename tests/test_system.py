@@ -371,3 +371,39 @@ def test_bundled_programs_on_two_chips(name):
     vals = random_values(g, 0)
     r = run_system(sp, vals)
     assert api.check(g, sp.chips[0], vals, r)["ok"] and r.cycles == sp.predicted_cycles
+
+
+def test_multi_chip_bounds(mlp2):
+    """benchmarks/bounds.py for systems: no schedule over N chips beats `any`; a Megatron-style
+    split needs one all-reduce per attention and one per MLP (two a transformer layer)."""
+    from benchmarks import bounds as B
+    g, sp = mlp2
+    b = B.system_bounds(g, sp.system.machine, sp.system, 2)
+    assert sp.predicted_cycles >= b["any"] > 0 and b["pp"] >= b["one_chip"] >= b["any"]
+    for name, params, layers in (("bert_large", {"L": 2, "D": 64, "H": 2, "S": 16}, 2),
+                                 ("llama2_7b_decode", {"L": 3, "D": 128, "H": 4, "F": 256, "C": 32, "T": 5}, 3)):
+        path = os.path.join(ROOT, "programs", "systems", f"{name}.lpu")
+        with open(path) as f:
+            g = elaborate_source(f.read(), path, params)
+        coll = B.tp_collectives(g)
+        assert [k for k, _ in coll] == ["all-reduce"] * (2 * layers), coll
+        s = SystemConfig.load("node", MachineConfig.load("tsp-v1"), 4)
+        b4 = B.system_bounds(g, s.machine, s, 4)
+        assert b4["tp_links"] == sum(B.collective_cycles(k, n, 4, s) for k, n in coll) > 4 * s.hop_cycles
+
+
+def test_chips_let_go_when_done_give_the_same_result(mlp2, monkeypatch):
+    """A large group drops each chip's prepared program when it ends (emulator/system.py
+    KEEP_BELOW): the same outputs and cycles, and the next run prepares it again."""
+    import lpu.emulator.system as S
+    g, sp = mlp2
+    vals = random_values(g, 1)
+    want = run_system(sp, vals)
+    monkeypatch.setattr(S, "KEEP_BELOW", 0)
+    got = run_system(sp, vals)
+    assert all("_emulator_prepared" not in p.__dict__ for p in sp.chips)
+    again = run_system(sp, vals)
+    for r in (got, again):
+        assert r.cycles == want.cycles and [c.cycles for c in r.chips] == [c.cycles for c in want.chips]
+        for k in want.outputs:
+            np.testing.assert_array_equal(r.outputs[k], want.outputs[k])

@@ -1,0 +1,65 @@
+"""Child process of the system benchmark (benchmarks/systems.py), so that each figure has its
+own peak resident memory: `compile PROG.lpu CHIPS OUT.lpubin [NAME=V ...]` compiles for a
+system (pipeline parallel) and writes the bundle; `run OUT.lpubin WORKERS [check] [warm]` emulates it (warm: once before the
+timed run); `one PROG.lpu [NAME=V ...]` runs a program on one chip in the plain emulator.
+Prints one JSON line (wall time, peak RSS = ru_maxrss, cycles, ...)."""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from types import SimpleNamespace
+
+
+def _peak() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024      # KiB on Linux
+
+
+def main(argv: list[str]) -> int:
+    from lpu.cmd_system import compile_for, declared
+    from lpu.compiler.driver import CompileStats
+    mode, path = argv[0], argv[1]
+    if mode == "compile":
+        from lpu.isa.bundle import save_bundle
+        chips, out, params = argv[2], argv[3], argv[4:]
+        t0 = time.perf_counter()
+        sp, _ = compile_for(SimpleNamespace(program=path, params=params, machine=None, chips=chips), CompileStats())
+        wall = time.perf_counter() - t0
+        save_bundle(sp, out)
+        print(json.dumps({"wall_s": wall, "peak_rss_bytes": _peak(), "chips": len(sp.chips),
+                          "predicted_cycles": int(sp.predicted_cycles), "instructions": int(sp.n_instructions),
+                          "per_chip_cycles": [int(p.predicted_cycles) for p in sp.chips]}))
+        return 0
+    from lpu import api
+    from lpu.emulator.system import run_system
+    if mode == "one":                       # the one-chip rate: PROG.lpu [NAME=V ...] in the plain emulator
+        from lpu.args import parse_params
+        from lpu.emulator.run import run
+        prog, graph = api.compile(path, parse_params(argv[2:]), None)
+        values = api.inputs_for(graph, prog, 0)
+        run(prog, values)                   # warm
+        t0 = time.perf_counter()
+        r = run(prog, values)
+        print(json.dumps({"wall_s": time.perf_counter() - t0, "cycles": int(r.cycles),
+                          "instructions": int(r.instructions), "peak_rss_bytes": _peak()}))
+        return 0
+    workers, check = int(argv[2]), "check" in argv[3:]
+    sp, graph = compile_for(SimpleNamespace(program=path, params=[], machine=None, chips=None), CompileStats())
+    values = api.inputs_for(graph if check else None, declared(sp), 0)
+    if "warm" in argv[3:]:
+        run_system(sp, values, workers=workers)
+    t0 = time.perf_counter()
+    r = run_system(sp, values, workers=workers)
+    wall = time.perf_counter() - t0
+    out = {"wall_s": wall, "peak_rss_bytes": _peak(), "cycles": int(r.cycles), "predicted_cycles": int(sp.predicted_cycles),
+           "instructions": int(sum(c.instructions for c in r.chips)), "windows": r.windows}
+    if check:
+        c = api.check(graph, sp.chips[0], values, r)
+        out["check"] = {"ok": bool(c["ok"]), "max_abs_err": float(c["max_abs_err"]), "max_rel_err": float(c["max_rel_err"])}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
