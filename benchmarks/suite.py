@@ -222,10 +222,13 @@ def _layer_ratio_and_size(b: "Bench", sec: str) -> list:
     """compile(12 layers)/compile(1 layer) of bert_base, and its binary against fixed records."""
     out = []
     try:
-        one, full = b.compile("bert_base", {"L": 1}), b.compile("bert_base")
-        ratio = full.seconds / one.seconds
+        full = b.compile("bert_base")
+        with open(os.path.join(PROGRAMS, "bert_base.lpu")) as f:
+            text = f.read()
+        one_s = best_of(lambda: compile_source(text, "bert_base.lpu", {"L": 1}, b.machine), 3)
+        ratio = full.seconds / one_s      # the best of three for the small one: the ratio errs high
         out.append(item(sec, "bert_base compile(12 layers) / compile(1 layer)", round(ratio, 2), "x", "<= 2.5",
-                        ratio <= 2.5, one_s=round(one.seconds, 2), full_s=round(full.seconds, 2)))
+                        ratio <= 2.5, one_s=round(one_s, 2), full_s=round(full.seconds, 2)))
         size, records = len(encode(full.prog)), _record_bytes(full.prog)
         out.append(item(sec, "bert_base binary size", size, "bytes", None, None, instructions=len(full.prog.op)))
         out.append(item(sec, "bert_base binary: fixed records / .lpubin", round(records / size, 1), "x", ">= 10",
