@@ -13,19 +13,17 @@ import numpy as np
 import pytest
 
 from benchmarks.bounds import lower_bounds
-from lpu.api import check
 from lpu.compiler import builtins as B
 from lpu.compiler import lower_ops, ops, semantics as S
-from lpu.compiler.driver import compile_source
 from lpu.compiler.errors import SourceError
 from lpu.compiler.frontend import elaborate_source
-from lpu.compiler.reference import random_values, run_reference
-from lpu.compiler.verify import verify
+from lpu.compiler.reference import run_reference
 from lpu.emulator import arith
-from lpu.emulator.run import _to_bits, run
+from lpu.emulator.run import _to_bits
 from lpu.gpu_baseline import model as gpu_model
 from lpu.isa import dtypes, opcodes as O
 from lpu.isa.machine import MachineConfig
+from tests.checked import run_checked
 
 COMPUTED = [d for d in ops.OPS.values() if d.family not in ("leaf",) and d.name != "output"]
 X32 = np.array([-1e30, -100.0, -3.5, -1.0, -0.5, -1e-20, -0.0, 0.0, 1e-20, 0.25, 1.0, 2.0, 7.5, 88.0,
@@ -181,14 +179,7 @@ output o5 = (x == y) + (y <= g) + (n < 2.5) + (x != x) + (n > -1)
 
 
 def _run_checked(src, machine):
-    prog, g = compile_source(src, "cmp.lpu", {}, machine)
-    assert not verify(prog)
-    vals = random_values(g, 3)
-    res = run(prog, vals)
-    assert res.cycles == prog.predicted_cycles
-    c = check(g, prog, vals, res)
-    assert c["ok"], c
-    return prog, g, vals, res
+    return run_checked(src, machine, 3, "cmp.lpu")
 
 
 @pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])

@@ -6,13 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lpu.api import check
 from lpu.compiler import semantics as S
 from lpu.compiler.driver import compile_source
-from lpu.compiler.reference import random_values, run_reference
-from lpu.compiler.verify import verify
-from lpu.emulator.run import run
+from lpu.compiler.reference import run_reference
 from lpu.isa.machine import MachineConfig
+from tests.checked import run_checked
 
 
 def test_pairwise_order_is_adjacent_pairs_level_by_level():
@@ -33,12 +31,7 @@ def test_pairwise_order_is_adjacent_pairs_level_by_level():
     "input x : f32[1, 30]\noutput s = sum(x, axis=0)\noutput m = mean(x, axis=0)\n",
 ])
 def test_reductions_across_vectors_match_the_reference_exactly(machine, src):
-    prog, g = compile_source(src, "r.lpu", {}, MachineConfig.load(machine))
-    assert not verify(prog)
-    vals = random_values(g, 5)
-    res = run(prog, vals)
-    assert res.cycles == prog.predicted_cycles
-    assert check(g, prog, vals, res)["ok"]
+    prog, g, vals, res = run_checked(src, MachineConfig.load(machine), 5, "r.lpu")
     want = run_reference(g, vals)[0]
     for k in g.outputs:
         assert np.array_equal(np.asarray(res.outputs[k]), np.asarray(want[k])), k

@@ -7,24 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lpu.api import check
-from lpu.compiler.driver import compile_source
 from lpu.compiler.lower_reduce import lane_plan
-from lpu.compiler.reference import random_values
-from lpu.compiler.verify import verify
-from lpu.emulator.run import run
 from lpu.isa.machine import MachineConfig
+from tests.checked import run_checked
 
 
 def _run_checked(src: str, machine: str, seed: int = 3):
-    prog, g = compile_source(src, "d.lpu", {}, MachineConfig.load(machine))
-    assert not verify(prog)
-    vals = random_values(g, seed)
-    res = run(prog, vals)
-    assert res.cycles == prog.predicted_cycles
-    got = check(g, prog, vals, res)
-    assert got["ok"], got
-    return prog
+    return run_checked(src, MachineConfig.load(machine), seed, "d.lpu")[0]
 
 
 class _LW:                     # what lane_plan reads of a lowering

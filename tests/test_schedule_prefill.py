@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from lpu.api import check
 from lpu.compiler import lower_mxm
-from lpu.compiler.driver import compile_graph, compile_source
+from lpu.compiler.driver import compile_graph
 from lpu.compiler.frontend import elaborate_source
 from lpu.compiler.plan import make_plan
-from lpu.compiler.reference import random_values
-from lpu.compiler.verify import verify
-from lpu.emulator.run import run
 from lpu.isa import opcodes as O
 from lpu.isa.machine import MachineConfig
+from tests.checked import run_checked
 
 # one matmul alone at its depth, with 3 output chunks of lanes columns for 2 f16 plane pairs
 ODD = """param S = {S}
@@ -44,12 +41,7 @@ def test_a_lone_matmul_with_odd_chunks_splits_its_rows_over_both_pairs(machine, 
     g = elaborate_source(src, "odd.lpu", {})
     plan = make_plan(g, m.lanes)
     assert [n.id for n in g.nodes() if n.op == "matmul"] == sorted(plan.alone)
-    prog, g = compile_source(src, "odd.lpu", {}, m)
-    assert not verify(prog)
-    vals = random_values(g, 11)
-    res = run(prog, vals)
-    assert res.cycles == prog.predicted_cycles
-    assert check(g, prog, vals, res)["ok"]
+    prog, g, _, _ = run_checked(src, m, 11, "odd.lpu")
     split = compile_graph(g, m, repeat=False)        # every instruction spelled out (no REPEAT)
     monkeypatch.setattr(lower_mxm, "SPLIT_WORK", 1 << 30)
     whole = compile_graph(g, m, repeat=False)
@@ -98,9 +90,4 @@ def test_heads_computed_transposed_are_joined_as_rows_and_transposed_once(machin
     assert [t.node(u).op for u in t.users(cats[0].id)] == ["transpose"]
     assert all(t.node(i).op == "cast" and t.node(t.node(i).inputs[0]).op == "matmul" for i in cats[0].inputs)
     m = MachineConfig.load(machine)
-    prog, g = compile_source(src, "h.lpu", {}, m)
-    assert not verify(prog)
-    vals = random_values(g, 12)
-    res = run(prog, vals)
-    assert res.cycles == prog.predicted_cycles
-    assert check(g, prog, vals, res)["ok"]
+    run_checked(src, m, 12, "h.lpu")

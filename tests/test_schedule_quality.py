@@ -15,6 +15,7 @@ from lpu.compiler.verify import verify
 from lpu.emulator.run import run
 from lpu.isa import opcodes as O
 from lpu.isa.machine import MachineConfig
+from tests.checked import run_checked
 
 ATTN = """param S = {S}
 param D = {D}
@@ -50,12 +51,7 @@ def test_transposed_scores_agree_with_the_reference(machine, mask, rows):
     src = _src(S=rows, mask=mask)
     g0 = elaborate_source(src, "a.lpu", {})
     assert rewrite(g0) is not g0
-    prog, g = compile_source(src, "a.lpu", {}, MachineConfig.load(machine))
-    assert not verify(prog)
-    vals = random_values(g, 3)
-    res = run(prog, vals)
-    assert res.cycles == prog.predicted_cycles
-    assert check(g, prog, vals, res)["ok"]
+    prog, g, vals, res = run_checked(src, MachineConfig.load(machine), 3, "a.lpu")
 
 
 def test_row_softmax_of_scores_needs_no_lane_reduction():
@@ -137,12 +133,7 @@ def test_a_small_producer_of_two_users_is_computed_in_each():
         plan = make_plan(g, m.lanes)
         subs = [n.id for n in g.nodes() if n.op == "sub"]
         assert subs and all(plan.kind[s] == "fused" and len(g.users(s)) == 2 for s in subs)
-        prog, g = compile_source(src, "l.lpu", {}, m)
-        assert not verify(prog)
-        vals = random_values(g, 6)
-        res = run(prog, vals)
-        assert res.cycles == prog.predicted_cycles
-        assert check(g, prog, vals, res)["ok"]
+        run_checked(src, m, 6, "l.lpu")
 
 
 @pytest.mark.parametrize("fallback", [False, True])
