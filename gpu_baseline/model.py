@@ -175,12 +175,25 @@ def cost_graph(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: boo
 # ---- passes 1-3: views, kernels, attention ---------------------------------------------------
 def _free_nodes(nodes: dict, fuse: bool) -> set:
     free = set()
+    users: dict = {}
     for n in nodes.values():
+        for i in n.inputs:
+            users.setdefault(i, []).append(n.id)
+    for n in sorted(nodes.values(), key=lambda m: m.id):
         if cost_class(n.op) in ("leaf", "view"):
             free.add(n.id)
         elif n.op == "concat" and fuse and all(nodes[i].op not in LEAVES for i in n.inputs):
             free.add(n.id)
+        elif fuse and n.op == "cast" and _weight_view(nodes, free, n.inputs[0]) and all(
+                nodes[u].op == "matmul" for u in users.get(n.id, ())):
+            free.add(n.id)      # weight-only quantisation: the matmul reads the stored bytes and widens them
     return free
+
+
+def _weight_view(nodes: dict, free: set, nid: int) -> bool:
+    while nid in free and nodes[nid].op not in LEAVES and nodes[nid].inputs:
+        nid = nodes[nid].inputs[0]
+    return nodes[nid].op == "weight"
 
 
 def _sources(nodes: dict, free: set, nid: int) -> list:

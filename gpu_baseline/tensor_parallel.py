@@ -21,15 +21,22 @@ from dataclasses import dataclass, field
 from lpu.compiler.ir import LEAVES
 
 
+def _to_leaf(nodes, free, i) -> list:
+    """The nodes from i back through views and casts (a weight stored as i8 and widened for the
+    matmul is still that weight) to the first other node."""
+    path = [i]
+    while (i in free or nodes[i].op == "cast") and nodes[i].op not in LEAVES and nodes[i].inputs:
+        i = nodes[i].inputs[0]
+        path.append(i)
+    return path
+
+
 def _is_weight_matmul(nodes, free, n) -> int | None:
     """The input index (0 or 1) of the activation of a matmul with a weight operand, else None."""
     if n.op != "matmul":
         return None
     for side, i in enumerate(n.inputs):
-        base = i
-        while base in free and nodes[base].op not in LEAVES and nodes[base].inputs:
-            base = nodes[base].inputs[0]
-        if nodes[base].op == "weight":
+        if nodes[_to_leaf(nodes, free, i)[-1]].op == "weight":
             return 1 - side
     return None
 
@@ -86,11 +93,7 @@ def plan(nodes: dict, free: set, gpus: int, act_bytes: int = 2) -> TpPlan:
         col_off |= extra
     for nid, md in mode.items():
         if md in ("col", "row"):
-            w = nodes[nid].inputs[1 - _is_weight_matmul(nodes, free, nodes[nid])]
-            split.add(w)
-            while w in free and nodes[w].op not in LEAVES and nodes[w].inputs:
-                w = nodes[w].inputs[0]
-                split.add(w)
+            split.update(_to_leaf(nodes, free, nodes[nid].inputs[1 - _is_weight_matmul(nodes, free, nodes[nid])]))
     for nid in order:                        # state leaves written from split values
         n = nodes[nid]
         if n.op == "store" and nid in split:

@@ -255,6 +255,30 @@ def test_tensor_parallel_splits_weights_and_adds_two_allreduces_per_layer():
     assert t == sorted(t, reverse=True)
 
 
+I8_MLP = """input x : f16[1, 1024]
+weight w1 : i8[1024, 4096]
+weight s1 : f16[4096]
+weight w2 : i8[4096, 1024]
+weight s2 : f16[1024]
+h = f16(relu(f16((x @ f16(w1)) * s1)))
+output y = f16((h @ f16(w2)) * s2)
+"""
+
+
+def test_weight_only_int8_is_read_as_int8_and_split():
+    """x @ f16(w) with an i8 weight: the compiled matmul reads the stored bytes (the widening is
+    its prologue, as gpt-fast's int8 kernels do), and a tensor-parallel group splits it."""
+    from lpu.compiler.frontend import elaborate_source
+    g = elaborate_source(I8_MLP, "q.lpu", {})
+    one = cost_graph(g, A100, "graph")
+    assert not any(o.op == "cast" for o in one.ops)       # no kernel widens a weight on its own
+    assert sum(o.hbm_bytes for o in one.ops if o.op == "matmul") >= 2 * 1024 * 4096
+    assert sum(o.hbm_bytes for o in one.ops if o.op == "matmul") < 2 * 2 * 1024 * 4096
+    two = cost_graph(g, A100, "graph", gpus=2)
+    assert [o.op for o in two.ops].count("all_reduce") == 1
+    assert sum(o.hbm_bytes for o in two.ops if o.op == "matmul") < 0.6 * sum(o.hbm_bytes for o in one.ops if o.op == "matmul")
+
+
 def test_allreduce_cost_latency_plus_bandwidth():
     assert allreduce_us(A100, 1, 1e6) == 0.0
     bus = A100.nvlink_gbs * 1e9 * A100.nvlink_efficiency
