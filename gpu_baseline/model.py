@@ -128,6 +128,7 @@ class _Kernel:
         self.members = [head]
         self.has_matmul = has_matmul
         self.flash = False
+        self.heads = 1          # flash kernels of sibling heads batched into this one
 
 
 def _read_inputs(n) -> tuple:
@@ -155,6 +156,7 @@ def cost_graph(graph: IRGraph, gpu: GpuConfig, launch: str = "stream", fuse: boo
     kernels, kernel_of = _form_kernels(nodes, free, bool(fuse))
     if fuse:
         kernels = _merge_attention(graph, nodes, free, kernels, kernel_of)
+        kernels = _batch_heads(graph, nodes, free, kernels, kernel_of)
     if fuse == "eager":
         kernels = _unfuse_but_attention(kernels, kernel_of, nodes)
     tp = tensor_parallel.plan(nodes, free, gpus) if gpus > 1 else None
@@ -294,6 +296,37 @@ def _merge_attention(graph, nodes, free, kernels, kernel_of):
             kernel_of[m] = s
         kernels = [k for k in kernels if k is not r and k is not c]
     return kernels
+
+
+def _batch_heads(graph, nodes, free, kernels, kernel_of):
+    """Flash kernels of the same shape that read nothing of each other and feed the same kernels
+    (an attention written as a loop over heads, joined by a concat) => one kernel over all the
+    heads, as scaled_dot_product_attention and flash-attention run a batch of heads."""
+    groups: dict = {}
+    for k in kernels:
+        if not k.flash:
+            continue
+        sig = tuple((nodes[m].op, nodes[m].shape) for m in k.members)
+        cons = frozenset(kernel_of[c].head if c >= 0 else -1 for m in k.members
+                         for c in _consumers(graph, nodes, free, m) if c < 0 or kernel_of.get(c) is not k)
+        groups.setdefault((sig, cons), []).append(k)
+    gone = set()
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        first = group[0]
+        mine = {m for k in group for m in k.members}
+        reads = {b for k in group for m in k.members for i in _read_inputs(nodes[m])
+                 for b, _ in _sources(nodes, free, i) if kernel_of.get(b) not in (k, None)}
+        if reads & mine:            # one head reads another's result: not siblings
+            continue
+        for k in group[1:]:
+            first.members += k.members
+            first.heads += k.heads
+            for m in k.members:
+                kernel_of[m] = first
+            gone.add(id(k))
+    return [k for k in kernels if id(k) not in gone]
 
 
 # ---- pass 4: cost ------------------------------------------------------------------------------
@@ -465,7 +498,8 @@ def _cost_kernel(graph, nodes, free, k: _Kernel, kernel_of, gpu: GpuConfig, laun
             size = nodes[n.inputs[0]].size / split.get(n.inputs[0], 1) if n.op in REDUCE else n.size / split.get(m, 1)
             cuda_flops += per * size
     if flash_dims:
-        tc_us += _flash_compute_us(gpu, *flash_dims, flash_flops, bool(causal))
+        batch, mm, nn = flash_dims
+        tc_us += _flash_compute_us(gpu, batch * k.heads, mm, nn, flash_flops, bool(causal))
     # in a flash kernel the softmax runs between the tensor-core steps: attention_efficiency covers it
     cuda_us = 0.0 if k.flash else 1e6 * cuda_flops / (gpu.cuda_f32_tflops * 1e12 * gpu.cuda_efficiency)
     compute_us = tc_us + cuda_us

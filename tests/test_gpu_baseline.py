@@ -279,6 +279,19 @@ def test_weight_only_int8_is_read_as_int8_and_split():
     assert sum(o.hbm_bytes for o in two.ops if o.op == "matmul") < 0.6 * sum(o.hbm_bytes for o in one.ops if o.op == "matmul")
 
 
+def test_heads_written_as_a_loop_run_as_one_attention_kernel():
+    """Per-head attention (a loop over heads joined by a concat) is one flash kernel over all the
+    heads, as a framework runs it, not one kernel a head."""
+    from lpu.compiler.frontend import elaborate_source
+    src = open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_decode.lpu")).read()
+    g = elaborate_source(src, "a.lpu", {})
+    h100 = load_gpu("h100-sxm")
+    c = cost_graph(g, h100, "graph")
+    assert [o.op for o in c.ops].count("attention") == 1
+    eager = cost_graph(g, h100, "graph", fuse="eager")
+    assert [o.op for o in eager.ops].count("attention") == 1
+
+
 def test_allreduce_cost_latency_plus_bandwidth():
     assert allreduce_us(A100, 1, 1e6) == 0.0
     bus = A100.nvlink_gbs * 1e9 * A100.nvlink_efficiency
