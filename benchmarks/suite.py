@@ -194,19 +194,24 @@ def compile_speed(b: Bench) -> list:
         out += _layer_ratio_and_size(b, sec)
     layers = (1, 2, 4) if b.quick else (1, 2, 4, 8)
     prev = None
+    with open(os.path.join(PROGRAMS, "gpt2_small_decode.lpu")) as f:
+        text = f.read()
     for n in layers:
         name = f"gpt2_small_decode L={n} compile"
         try:
             c = b.compile("gpt2_small_decode", {"L": n})
+            # best of three: a one-off compile of a second or less moves by half between runs
+            seconds = min(c.seconds, best_of(lambda: compile_source(text, "gpt2_small_decode.lpu", {"L": n},
+                                                                    b.machine), 2))
         except Exception as e:   # noqa: BLE001
             out.append(failed(sec, name, e))
             break
-        growth = None if prev is None else c.seconds / prev
-        out.append(item(sec, name, round(c.seconds, 2), "s",
+        growth = None if prev is None else seconds / prev
+        out.append(item(sec, name, round(seconds, 2), "s",
                          None if prev is None else "growth <= 2.3x", None if prev is None else growth <= 2.3,
                          growth=None if growth is None else round(growth, 2),
                          passes={k: round(v, 2) for k, v in c.passes.items()}))
-        prev = c.seconds
+        prev = seconds
     return out
 
 
