@@ -57,7 +57,7 @@ def _lpu_side(program, graph, emulate: bool, progress=None) -> dict:
 def _line_ops(graph, gpu_cost) -> dict[int, str]:
     """A short op label per line: its GPU kernels' ops, else its IR compute ops."""
     from lpu.compiler.ir import LEAVES
-    from lpu.gpu_baseline.model import VIEWS
+    from lpu.gpu_baseline.kernels import VIEWS
     out: dict[int, list] = {}
     for o in gpu_cost.ops:
         out.setdefault(o.line, []).append(o.op)
