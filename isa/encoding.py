@@ -43,11 +43,11 @@ import zlib
 
 import numpy as np
 
-from lpu.isa import encoding_core as C
+from lpu.isa import inst_columns as IC
 from lpu.isa.checks import I32 as _I32, check_instructions
 from lpu.isa.errors import BinaryError, ConfigError
 from lpu.isa.machine import MachineConfig
-from lpu.isa.opcodes import DTYPES, NARGS, OPS, TABLE_HASH
+from lpu.isa.opcodes import DTYPES, TABLE_HASH
 from lpu.isa.program import Program, Symbol, config_hash, source_hash
 from lpu.isa.validate import program_problems
 
@@ -55,53 +55,6 @@ MAGIC = b"\x89LPUBIN\n"
 FORMAT_VERSION = 4
 SECTIONS = (b"HEAD", b"INST", b"SYMS", b"CNST", b"TABL", b"NODE", b"META")
 _PREAMBLE = len(MAGIC) + 2 + 4
-
-# ---- the instruction columns --------------------------------------------------------------------
-# Instructions are stored column by column, each column delta-coded or not (whichever a sample says
-# is smaller) and compressed with zlib: runs of the same queue, opcode and stepping addresses shrink
-# to a few bits each (bert_base: 156 MB of 19-byte records -> about 6.6 MB).
-_ZLIB_LEVEL = 3
-_SAMPLE = 1 << 16
-
-
-def _coded(src, order: np.ndarray, mode: int) -> tuple:
-    """(width, bytes) of src[order] as values (mode 0) or deltas (mode 1), in the narrowest width."""
-    d, lo, hi = C.column(src, order, mode == 1)
-    w = next(w for w in (1, 2, 4, 8) if lo >= -2**(8 * w - 1) and hi < 2**(8 * w - 1))
-    return w, d.astype(f"<i{w}").tobytes()
-
-
-def _column_bytes(src, order: np.ndarray) -> tuple:
-    """(mode, width, bytes) of src[order], coded the way four spread pieces of it compress better."""
-    n = order.shape[0]
-    if n > 4 * _SAMPLE:
-        at = np.linspace(0, n - _SAMPLE, 4).astype(np.int64)
-        sample = np.concatenate([order[a:a + _SAMPLE] for a in at])
-    else:
-        sample = order
-    mode = min((0, 1), key=lambda m: len(zlib.compress(_coded(src, sample, m)[1], 1)))
-    return (mode, *_coded(src, order, mode))
-
-
-def _grouped(queue, op) -> np.ndarray:
-    """The order that groups instructions by (queue, opcode), keeping their order within a group:
-    the fields after queue and opcode are stored in it, so that a queue's READ addresses, say,
-    follow each other and step evenly."""
-    queue, op = np.asarray(queue), np.asarray(op)
-    if queue.size and (queue.min() < 0 or queue.max() >= 2**16 or op.min() < 0 or op.max() >= len(OPS)):
-        key = queue.astype(np.int64) * len(OPS) + op       # a damaged binary: its checks will say so
-        return np.argsort(key, kind="stable")
-    return C.grouped_order(queue, op, len(OPS))
-
-
-def _columns(p: Program) -> list:
-    """(column, order) pairs: queue and opcode in program order, then each arg, line and node in
-    the grouped order."""
-    args, order = np.asarray(p.args), _grouped(p.queue, p.op)
-    ident = np.arange(len(order))
-    rest = [args[:, j] for j in range(args.shape[1])] + [np.asarray(p.line), np.asarray(p.node)]
-    return [(np.asarray(p.queue), ident), (np.asarray(p.op), ident)] + [(c, order) for c in rest]
-
 
 # ---- writing -----------------------------------------------------------------------------------
 class _Writer:
@@ -152,11 +105,8 @@ def _encode_instructions(p: Program, w: _Writer):
     if bad:
         raise BinaryError(f"cannot encode: instruction {bad[0]}: {bad[1]}")
     w.raw(struct.pack("<I", len(p.op)))
-    for col, order in _columns(p):
-        mode, width, raw = _column_bytes(col, order)
-        z = zlib.compress(raw, _ZLIB_LEVEL)
-        w.raw(struct.pack("<BBI", mode, width, len(z)))
-        w.raw(z)
+    for part in IC.encode_columns(p):
+        w.raw(part)
 
 
 def _encode_symbols(p: Program, w: _Writer):
@@ -241,7 +191,7 @@ def _chunks(program: Program) -> list:
         enc(program, w)
         if tag == b"SYMS":          # layouts: a few MB of runs for a large model
             body = b"".join(w.parts)
-            w.parts = [struct.pack("<I", len(body)), zlib.compress(body, _ZLIB_LEVEL)]
+            w.parts = [struct.pack("<I", len(body)), zlib.compress(body, IC.ZLIB_LEVEL)]
         out.append(tag + struct.pack("<I", sum(len(p) for p in w.parts)))
         out.extend(w.parts)
     out.insert(0, MAGIC + struct.pack("<HI", FORMAT_VERSION, sum(len(p) for p in out) + 4))
@@ -338,28 +288,7 @@ def _read_head(r: _Reader, machine):
 
 def _read_instructions(r: _Reader, machine):
     n = struct.unpack("<I", r.take(4))[0]
-    names = ("queue", "opcode", *(f"arg {j}" for j in range(NARGS)), "line", "node")
-    queue, op, line, node = (np.empty(n, np.int32) for _ in range(4))
-    args = np.empty((n, NARGS), np.int32)
-    targets = [(queue, 0), (op, 0)] + [(args, j) for j in range(NARGS)] + [(line, 0), (node, 0)]
-    order = np.arange(n)
-    for k, (what, (out, j)) in enumerate(zip(names, targets)):
-        mode, width, size = struct.unpack("<BBI", r.take(6))
-        if mode > 1 or width not in (1, 2, 4, 8):
-            r.fail(f"column '{what}': bad mode {mode} or width {width}")
-        inflate = zlib.decompressobj()
-        try:
-            raw = inflate.decompress(r.take(size), n * width)
-        except zlib.error as e:
-            r.fail(f"column '{what}': the compressed data is damaged ({e})")
-        if len(raw) != n * width or not inflate.eof or inflate.unused_data or inflate.unconsumed_tail:
-            r.fail(f"column '{what}': the compressed data does not hold {n} values of {width} bytes")
-        if k == 2:
-            order = _grouped(queue, op)
-        bad = C.uncolumn(np.frombuffer(raw, f"<i{width}"), mode == 1, order, out[:, None] if out.ndim == 1 else out, j)
-        if bad >= 0:
-            r.fail(f"column '{what}': value {bad} is out of 32-bit range")
-    return queue, op, args, line, node
+    return IC.decode_columns(r.take, r.fail, n)
 
 
 def _inflated(r: _Reader) -> _Reader:
