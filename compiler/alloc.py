@@ -69,6 +69,24 @@ class SlotAllocator:
                 return start
         return self._fail(n, what)
 
+    def alloc_at(self, start: int, n: int) -> bool:
+        """Take [start, start + n) if it is free (logged like `alloc`); False if not."""
+        n = -(-n // ALIGN) * ALIGN
+        i = bisect.bisect_right(self.free, [start, float("inf")]) - 1
+        if i < 0:
+            return False
+        s, length = self.free[i]
+        if start + n > s + length:
+            return False
+        pieces = [p for p in ([s, start - s], [start + n, s + length - start - n]) if p[1] > 0]
+        self.free[i:i + 1] = pieces
+        self.in_use += n
+        self.peak = max(self.peak, self.in_use)
+        self.touched = max(self.touched, start + n)
+        if self.log is not None:
+            self.log.append(("a", n, start))
+        return True
+
     def _fail(self, n, what):
         raise CapacityError(
             f"out of SRAM while placing {what or 'a temporary'}: {n * self.m.lanes:,} bytes needed, "
@@ -97,15 +115,15 @@ class SlotAllocator:
         self.free, self.in_use, self.peak, self.touched = st
 
     def replays(self, log: list) -> bool:
-        """Whether doing `log`'s allocs and releases now gives the same regions; if so they are
-        done (and logged), else nothing changes."""
+        """Whether `log`'s allocs and releases can be done now in the same regions (each region
+        free when it is taken); if so they are done (and logged), else nothing changes."""
         saved, outer = self.state(), self.log
         self.log = None
         try:
             for kind, a, b in log:
                 if kind == "r":
                     self.release(a, b)
-                elif self.alloc_quiet(a) != b:
+                elif not self.alloc_at(b, a):
                     self.set_state(saved)
                     return False
         finally:
@@ -113,12 +131,6 @@ class SlotAllocator:
         if outer is not None:
             outer.extend(log)
         return True
-
-    def alloc_quiet(self, n: int) -> int:
-        """`alloc`, or -1 where it would fail."""
-        if not any(length >= n for _, length in self.free):
-            return -1
-        return self.alloc(n)
 
     def largest_free(self) -> int:
         return max((length for _, length in self.free), default=0)

@@ -53,6 +53,7 @@ class Lowerer:
         self.plan = make_plan(graph, machine.lanes)
         self.grid: dict[int, np.ndarray] = {}
         self.regions: dict[int, tuple] = {}   # owning node -> (start, n)
+        self.placed: dict[int, tuple] = {}    # the same, kept after the region is freed
         self.symbols: list[Symbol] = []
         self.chains: list = []
         self.pending_free: list = []
@@ -64,9 +65,16 @@ class Lowerer:
     def new_region(self, shape, dtype, what, chunk_major=False, owner=None, fresh=False, period=0):
         w = dtype_width(dtype)
         n = _region_size(shape, w, self.lanes, period)
-        start = self.alloc.alloc_fresh(n, what) if fresh else self.alloc.alloc(n, what)
+        twin = self.placed.get(self.replayer.twin.get(owner, -1))
+        if fresh:
+            start = self.alloc.alloc_fresh(n, what)
+        elif twin is not None and twin[1] == n and self.alloc.alloc_at(twin[0], n):
+            start = twin[0]          # where the twin trip's node was: the trips converge sooner
+        else:
+            start = self.alloc.alloc(n, what)
         if owner is not None:
             self.regions[owner] = (start, n)
+            self.placed[owner] = (start, n)
         return layout(start, shape, w, self.lanes, chunk_major, period)
 
     def temp(self, shape, dtype):

@@ -45,8 +45,7 @@ def compiled(request):
 
 def test_trips_are_replayed_and_exact(compiled):
     m, prog, graph, stats = compiled
-    if m.name == "tsp-v1":             # (on tiny no node replays yet: a known gap)
-        assert stats.replayed > 0      # the later trips replay their twins once allocation settles
+    assert stats.replayed > 0          # the later trips replay their twins once allocation settles
     values = api.inputs_for(graph, prog, 3)
     res = run(prog, values)
     assert res.cycles == prog.predicted_cycles
