@@ -55,17 +55,9 @@ class SlotAllocator:
 
     def alloc(self, n: int, what: str = "") -> int:
         n = -(-n // ALIGN) * ALIGN
-        for i, (start, length) in enumerate(self.free):
+        for start, length in self.free:
             if length >= n:
-                if length == n:
-                    self.free.pop(i)
-                else:
-                    self.free[i] = [start + n, length - n]
-                self.in_use += n
-                self.peak = max(self.peak, self.in_use)
-                self.touched = max(self.touched, start + n)
-                if self.log is not None:
-                    self.log.append(("a", n, start))
+                self.alloc_at(start, n)
                 return start
         return self._fail(n, what)
 

@@ -441,9 +441,7 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
             if not stream_read(ref, w, p, t, ring, sa, hz):
                 return False
             for b in range(w):
-                t_, x = tbuf[h, buf + b, row], sa[b]
-                for l in range(lanes):
-                    t_[l] = x[l]
+                copy_run(sa[b], tbuf[h, buf + b, row])
             return True
         for b in range(w):
             t_, y = tbuf[h, buf + b], so[b]

@@ -137,6 +137,7 @@ def test_runner_on_tiny_writes_json_and_marks_targets(tmp_path, monkeypatch, cap
     doc = json.loads(out.read_text())
     assert doc["complete"] and doc["environment"]["machine"] == "tiny"
     names = {it["name"]: it for it in doc["items"]}
+    assert not [it for it in doc["items"] if "error" in it]
     assert names["matmul: cycles / lower bound"]["ok"] is True
     assert names["matmul: cycles / lower bound"]["cycles"] >= names["matmul: cycles / lower bound"]["bound"]
     f16 = next(it for it in doc["items"] if it["name"].startswith("f16 matmul"))
