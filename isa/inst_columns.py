@@ -71,11 +71,8 @@ def decode_columns(take, fail, n: int) -> tuple:
     """(queue, op, args, line, node) int32 columns of n instructions; take(k) gives the next k
     bytes of the section, fail(message) raises the section's error."""
     names = ("queue", "opcode", *(f"arg {j}" for j in range(NARGS)), "line", "node")
-    queue, op, line, node = (np.empty(n, np.int32) for _ in range(4))
-    args = np.empty((n, NARGS), np.int32)
-    targets = [(queue, 0), (op, 0)] + [(args, j) for j in range(NARGS)] + [(line, 0), (node, 0)]
-    order = np.arange(n)
-    for k, (what, (out, j)) in enumerate(zip(names, targets)):
+    targets = None
+    for k, what in enumerate(names):
         mode, width, size = struct.unpack("<BBI", take(6))
         if mode > 1 or width not in (1, 2, 4, 8):
             fail(f"column '{what}': bad mode {mode} or width {width}")
@@ -86,6 +83,12 @@ def decode_columns(take, fail, n: int) -> tuple:
             fail(f"column '{what}': the compressed data is damaged ({e})")
         if len(raw) != n * width or not inflate.eof or inflate.unused_data or inflate.unconsumed_tail:
             fail(f"column '{what}': the compressed data does not hold {n} values of {width} bytes")
+        if targets is None:      # the count is believed once the first column holds that many values
+            queue, op, line, node = (np.empty(n, np.int32) for _ in range(4))
+            args = np.empty((n, NARGS), np.int32)
+            targets = [(queue, 0), (op, 0)] + [(args, j) for j in range(NARGS)] + [(line, 0), (node, 0)]
+            order = np.arange(n)
+        out, j = targets[k]
         if k == 2:
             order = _grouped(queue, op)
         bad = C.uncolumn(np.frombuffer(raw, f"<i{width}"), mode == 1, order, out[:, None] if out.ndim == 1 else out, j)

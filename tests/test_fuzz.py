@@ -157,6 +157,16 @@ def test_decoder_on_mutated_sections_with_valid_checksum(binary, data):
     allowed(decode, _reseal(data.draw(byte_mutation(body))))
 
 
+def test_decoder_refuses_a_huge_instruction_count_before_allocating(binary):
+    """A count of 2**31 instructions in a sealed binary is refused by its first column (it had
+    allocated 25 GiB first and died of MemoryError)."""
+    body = binary[len(MAGIC) + 6:-4]
+    at = body.index(b"INST") + 8                   # tag, section length, then the u32 count
+    forged = _reseal(body[:at] + struct.pack("<I", 2**31) + body[at + 4:])
+    with pytest.raises(LpuError, match="does not hold"):
+        decode(forged)
+
+
 # ---- the assembler ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def asm_text(binary) -> dict:
