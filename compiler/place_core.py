@@ -3,8 +3,10 @@
 Arrays in, arrays out; the machine enters only through the arrays' shapes and the arguments
 (latency per opcode, streams per direction). Resource tables, all indexed by cycle:
 
-  qbusy[q, t]     1 if queue q issues (or is held) in cycle t
-  bbusy[b, t]     1 if MEM bank b is accessed in cycle t
+  qbusy[t, q]     1 if queue q issues (or is held) in cycle t
+  bbusy[t, b]     1 if MEM bank b is accessed in cycle t
+                  (cycle-major: the instructions of one chain try neighbouring cycles, so one
+                  try reads a few neighbouring rows instead of one far row per queue)
   streams[d, k]   bitmask of the streams of direction d in use on diagonal k (at k + DIAG0)
   slot_w, slot_r  last cycle each SRAM plane slot was written / read (-1: never)
   markers         unit-state order markers (NONE: not set)
@@ -33,7 +35,7 @@ SEARCH = 1_000_000
 
 @njit(cache=True)
 def _busy(tab, r, t):
-    return t >= 0 and t < tab.shape[1] and tab[r, t] != 0
+    return t >= 0 and t < tab.shape[0] and tab[t, r] != 0
 
 
 @njit(cache=True)
@@ -64,6 +66,16 @@ def _earliest(i0, i1, floor, off, r_ptr, r_data, w_ptr, w_data, a_ptr, a_data, s
 
 
 @njit(cache=True)
+def _has_run(used, w, nstreams):
+    """Whether the streams not in the bitmask `used` include w consecutive ones."""
+    free = ~used & ((1 << nstreams) - 1)
+    run = free
+    for k in range(1, w):
+        run &= free >> k
+    return run != 0
+
+
+@njit(cache=True)
 def _alone_fails(i, t, bank, qg, qg_ptr, qg_q, qbusy, bbusy):
     """Instruction i cannot issue in cycle t even with the rest of its chain elsewhere."""
     b = bank[i]
@@ -80,7 +92,7 @@ def place(c0, ins_ptr, grp_ptr, hint, hint_delta, g_dir, g_koff, g_w,
           qg, off, op, bank, args, p_ptr, p_data, r_ptr, r_data, w_ptr, w_data,
           a_ptr, a_data, m_ptr, m_data, e_ptr, e_data, qg_ptr, qg_q, lat, nstreams,
           qbusy, bbusy, streams, slot_w, slot_r, markers, hints, out_cycle, out_queue, state):
-    cap = qbusy.shape[1]
+    cap = qbusy.shape[0]
     scap = streams.shape[1]
     nch = len(ins_ptr) - 1
     most = 1
@@ -149,19 +161,19 @@ def place(c0, ins_ptr, grp_ptr, hint, hint_delta, g_dir, g_koff, g_w,
                 t = T + off[i]
                 b = bank[i]
                 if b >= 0:
-                    v = bbusy[b, t]
+                    v = bbusy[t, b]
                     if v != 0:
                         if v == 1:
                             fail = i
                         ok = False
                         break
-                    bbusy[b, t] = 2
+                    bbusy[t, b] = 2
                     undo_r[nu], undo_t[nu], undo_k[nu] = b, t, 1
                     nu += 1
                 chosen = -1
                 mine = False
                 for j in range(qg_ptr[qg[i]], qg_ptr[qg[i] + 1]):
-                    v = qbusy[qg_q[j], t]
+                    v = qbusy[t, qg_q[j]]
                     if v == 0:
                         chosen = qg_q[j]
                         break
@@ -172,25 +184,25 @@ def place(c0, ins_ptr, grp_ptr, hint, hint_delta, g_dir, g_koff, g_w,
                         fail = i
                     ok = False
                     break
-                qbusy[chosen, t] = 2
+                qbusy[t, chosen] = 2
                 undo_r[nu], undo_t[nu], undo_k[nu] = chosen, t, 0
                 nu += 1
                 out_queue[i] = chosen
                 for j in range(e_ptr[i], e_ptr[i + 1]):
                     eq, et = e_data[j, 0], T + e_data[j, 1]
-                    if qbusy[eq, et] != 0:
+                    if qbusy[et, eq] != 0:
                         ok = False
                         break
-                    qbusy[eq, et] = 2
+                    qbusy[et, eq] = 2
                     undo_r[nu], undo_t[nu], undo_k[nu] = eq, et, 0
                     nu += 1
                 if not ok:
                     break
             for u in range(nu):
                 if undo_k[u] == 0:
-                    qbusy[undo_r[u], undo_t[u]] = 0
+                    qbusy[undo_t[u], undo_r[u]] = 0
                 else:
-                    bbusy[undo_r[u], undo_t[u]] = 0
+                    bbusy[undo_t[u], undo_r[u]] = 0
             if not ok:
                 T += 1
                 if fail >= 0:        # jump to where the failing instruction fits on its own
@@ -212,11 +224,15 @@ def place(c0, ins_ptr, grp_ptr, hint, hint_delta, g_dir, g_koff, g_w,
                         break
                 if s < 0:
                     ok = False
+                    fail = a
                     break
                 sid[a - g0] = s
                 smask[a - g0] = full << s
             if not ok:
-                T += 1
+                T += 1       # jump to where the failing group finds a run of free streams on its own
+                while T + g_koff[fail] + DIAG0 < scap and not _has_run(
+                        streams[g_dir[fail], T + g_koff[fail] + DIAG0], g_w[fail], nstreams):
+                    T += 1
                 continue
             placed = True
             break
@@ -227,11 +243,11 @@ def place(c0, ins_ptr, grp_ptr, hint, hint_delta, g_dir, g_koff, g_w,
             streams[g_dir[a], T + g_koff[a] + DIAG0] |= smask[a - g0]
         for i in range(i0, i1):
             t = T + off[i]
-            qbusy[out_queue[i], t] = 1
+            qbusy[t, out_queue[i]] = 1
             for j in range(e_ptr[i], e_ptr[i + 1]):
-                qbusy[e_data[j, 0], T + e_data[j, 1]] = 1
+                qbusy[T + e_data[j, 1], e_data[j, 0]] = 1
             if bank[i] >= 0:
-                bbusy[bank[i], t] = 1
+                bbusy[t, bank[i]] = 1
             for j in range(r_ptr[i], r_ptr[i + 1]):
                 if slot_r[r_data[j]] < t:
                     slot_r[r_data[j]] = t

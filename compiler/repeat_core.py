@@ -66,27 +66,40 @@ def sorted_columns(order, q, cyc, op, args, line, node):
 
 @njit(cache=True)
 def queue_order(q, cyc, nq):
-    """Instruction indices sorted by (queue, cycle), and the first cycle at which two
-    instructions of one queue meet (-1 if none) with the index of the second."""
+    """Instruction indices sorted by (queue, cycle), and the first position in that order at
+    which two instructions of one queue meet in one cycle (-1 if none). Two counting sorts
+    (cycles are bounded by the schedule's length): by cycle, then stably by queue."""
     n = len(q)
+    order = np.empty(n, np.int64)
+    if n == 0:
+        return order, -1
+    lo, hi = cyc[0], cyc[0]
+    for i in range(n):
+        lo = min(lo, cyc[i])
+        hi = max(hi, cyc[i])
+    count = np.zeros(hi - lo + 2, np.int64)
+    for i in range(n):
+        count[cyc[i] - lo + 1] += 1
+    for k in range(hi - lo + 1):
+        count[k + 1] += count[k]
+    by_cycle = np.empty(n, np.int64)
+    for i in range(n):
+        k = cyc[i] - lo
+        by_cycle[count[k]] = i
+        count[k] += 1
     start = np.zeros(nq + 1, np.int64)
     for i in range(n):
         start[q[i] + 1] += 1
     for k in range(nq):
         start[k + 1] += start[k]
-    pos = start[:-1].copy()
-    order = np.empty(n, np.int64)
-    for i in range(n):
-        order[pos[q[i]]] = i
-        pos[q[i]] += 1
-    for k in range(nq):
-        a, b = start[k], start[k + 1]
-        if b - a > 1:
-            seg = order[a:b].copy()
-            order[a:b] = seg[np.argsort(cyc[seg])]
-            for i in range(a + 1, b):
-                if cyc[order[i]] == cyc[order[i - 1]]:
-                    return order, i
+    for j in range(n):
+        i = by_cycle[j]
+        order[start[q[i]]] = i
+        start[q[i]] += 1
+    for j in range(1, n):
+        a, b = order[j - 1], order[j]
+        if q[a] == q[b] and cyc[a] == cyc[b]:
+            return order, j
     return order, -1
 
 

@@ -71,8 +71,8 @@ class Scheduler:
         self.reg = reg if reg is not None else Registry()
         self.cap = 4096
         nq = len(machine.queues)
-        self.qbusy = np.zeros((nq, self.cap), np.uint8)
-        self.bbusy = np.zeros((machine.mem_slices * machine.banks_per_slice, self.cap), np.uint8)
+        self.qbusy = np.zeros((self.cap, nq), np.uint8)
+        self.bbusy = np.zeros((self.cap, machine.mem_slices * machine.banks_per_slice), np.uint8)
         self.streams = np.zeros((2, self.cap + 2 * P.DIAG0), np.int64)
         nslots = machine.mem_slices * machine.banks_per_slice * machine.addresses_per_bank
         self.slot_w = np.full(nslots, -1, np.int64)
@@ -127,8 +127,8 @@ class Scheduler:
 
     def _grow(self, need: int):
         cap = max(2 * self.cap, need + 1024)
-        self.qbusy = _widen(self.qbusy, cap)
-        self.bbusy = _widen(self.bbusy, cap)
+        self.qbusy = _longer(self.qbusy, cap)
+        self.bbusy = _longer(self.bbusy, cap)
         self.streams = _widen(self.streams, cap + 2 * P.DIAG0)
         self.cap = cap
 
@@ -153,6 +153,12 @@ def _grown(a: np.ndarray, n: int) -> np.ndarray:
         return a
     out = np.full(max(n, 2 * len(a)), P.NONE, np.int64)
     out[:len(a)] = a
+    return out
+
+
+def _longer(a: np.ndarray, rows: int) -> np.ndarray:
+    out = np.zeros((rows, a.shape[1]), a.dtype)
+    out[:a.shape[0]] = a
     return out
 
 

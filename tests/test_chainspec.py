@@ -89,7 +89,7 @@ def test_tables_grow_with_the_schedule(tiny):
     s.place(Chain([_ins(q, 0, mark=((("far",), 50_000),))], []))
     s.place(Chain([_ins(q, 0, after=((("far",), 0),)), _ins(q, 70_000)], []))
     assert s.predicted_cycles() == 120_000 + O.latency_table(tiny)[O.TPIN] + 1 + tiny.icu_skew
-    assert np.all(s.qbusy[q, [0, 50_000, 120_000]] == 1) and s.qbusy.shape[1] > 120_000
+    assert np.all(s.qbusy[[0, 50_000, 120_000], q] == 1) and s.qbusy.shape[0] > 120_000
     cyc, _ = _placed(s)
     assert cyc == [0, 50_000, 120_000]
 
