@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.lower_fuse import fusable
+from lpu.compiler import ops
 
 
 @dataclass
@@ -55,6 +56,10 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
 
     def is_view(n) -> bool:
         src = graph.node(n.inputs[0]) if n.inputs else None
+        if n.op == "slice" and n.attrs.get("splat"):
+            # lane 0 of a value held in every lane (compiler/rewrite.py): a view where every
+            # user is elementwise (the VXM zeroes an output's lanes past its width)
+            return all(graph.node(u).op in ops.ELEMENTWISE for u in graph.users(n.id))
         if n.op == "slice":
             return _aligned_last(n, src.shape, lanes)
         if n.op == "reshape":

@@ -109,3 +109,20 @@ def test_the_heads_ropes_of_a_row_are_one_rope_and_match(machine, rows, hd, head
     assert len(one) == (1 if in_chunks else heads)
     if in_chunks:
         assert one[0].attrs["hd"] == hd and one[0].shape == (rows, hd * heads)
+
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("d", [48, 256, 700])
+def test_decode_norms_broadcast_their_sums_without_the_sxm(machine, d):
+    """A decode row's layernorm and rmsnorm: each f16 lane sum is x @ ones[D, lanes], the sum in
+    every lane (a splat), and the ops on it (mean's division, + eps, rsqrt) run on whole
+    vectors, so the normalisation reads it as it is: no DISTRIBUTE (no SXM at all); the values
+    match the reference; a splat used other than elementwise is copied (output s)."""
+    from lpu.isa.opcodes import OPS
+    src = (f"input x : f16[1, {d}]\nweight g : f32[{d}]\nweight b : f32[{d}]\n"
+           "output y = f16(layernorm(x, g, b))\noutput z = f16(rmsnorm(x, g))\n")
+    prog = _run_checked(src, machine)
+    used = {OPS[int(o)].name for o in np.unique(prog.op)}
+    assert not {"DISTRIBUTE", "SHIFT", "ROTATE", "PERMUTE"} & used, used
+    _run_checked(src + "weight w : f16[1, 8]\noutput s = mean(x)\noutput t = sum(x) @ w\n", machine)
