@@ -31,6 +31,7 @@ class Plan:
     last_use: dict      # owning node id -> last node id (program order) that reads it
     outputs_alias: dict  # output node id -> True if it takes over its source's region
     alone: frozenset = frozenset()   # matmuls with no other matmul at their depth (lower_mxm.py)
+    depth: dict = None               # node id -> its depth (level_order)
 
 
 def _aligned_last(node, src_shape, lanes) -> bool:
@@ -126,7 +127,7 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
         outputs_alias[oid] = ok
         if ok:
             claimed.add(src)
-    return Plan(order, kind, base, last_use, outputs_alias, alone)
+    return Plan(order, kind, base, last_use, outputs_alias, alone, depth)
 
 
 def _keep_old_reads(graph: IRGraph, kind: dict, fused: set, store_ids: dict) -> set:

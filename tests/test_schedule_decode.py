@@ -126,3 +126,23 @@ def test_decode_norms_broadcast_their_sums_without_the_sxm(machine, d):
     used = {OPS[int(o)].name for o in np.unique(prog.op)}
     assert not {"DISTRIBUTE", "SHIFT", "ROTATE", "PERMUTE"} & used, used
     _run_checked(src + "weight w : f16[1, 8]\noutput s = mean(x)\noutput t = sum(x) @ w\n", machine)
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_alloc_near_takes_the_slices_nearest_the_vxm_unless_first_fit_is_near_enough(machine):
+    """compiler/alloc.py alloc_near: with the slices next to the VXM taken at the low addresses,
+    a small region goes to the nearest free slices of a later row, not first fit's far ones; a
+    first fit within the margin stays; each region is taken once (never overlapping)."""
+    from lpu.compiler.alloc import SlotAllocator
+    m = MachineConfig.load(machine)
+    a = SlotAllocator(m)
+    near = [abs(m.slice_pos(s) - m.vxm_pos) for s in range(m.mem_slices)]
+    a.alloc(8)                                     # slices 0 .. 7: far from the VXM
+    start = a.alloc_near(4, near, 0)
+    got = max(near[(start + k) % m.mem_slices] for k in range(4))
+    assert got == min(max(near[(p + k) % m.mem_slices] for k in range(4)) for p in range(0, m.mem_slices, 4))
+    assert start >= 8
+    first = a.free[0][0]                           # slices 8 .. 11: first fit, its cost as margin
+    cost = max(near[(first + k) % m.mem_slices] for k in range(4))
+    assert a.alloc_near(4, near, cost) == first
+    assert a.alloc_near(4, near, 0) not in (start, first)
