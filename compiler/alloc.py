@@ -61,6 +61,46 @@ class SlotAllocator:
                 return start
         return self._fail(n, what)
 
+    def alloc_near(self, n: int, cost, margin: int, what: str = "") -> int:
+        """A region of n slots whose slices are near a unit (`cost`: a list by slice, a region's
+        cost its largest): first fit unless that costs more than `margin` over the least a
+        region can, else of every free block the start of least cost, the lowest among equals."""
+        n = -(-n // ALIGN) * ALIGN
+        phases = self._phases(n, cost)
+        least = phases[0][0]
+        first = next((start for start, length in self.free if length >= n), None)
+        if first is not None and self._cost(first, n, cost) <= least + margin:
+            self.alloc_at(first, n)     # first fit is near enough
+            return first
+        best = None
+        for start, length in self.free:
+            if length < n:
+                continue
+            for c, p in phases:
+                if best is not None and c >= best[0]:
+                    break
+                s = start + (p - start) % self.slices
+                if s + n <= start + length:
+                    best = (c, s)
+                    break
+            if best is not None and best[0] == least:
+                break
+        if best is None:
+            return self._fail(n, what)
+        self.alloc_at(best[1], n)
+        return best[1]
+
+    def _cost(self, start: int, n: int, cost) -> int:
+        return max(cost[(start + k) % self.slices] for k in range(min(n, self.slices)))
+
+    def _phases(self, n: int, cost) -> list:
+        """(cost, first slice) of every aligned first slice, cheapest first, for regions of n slots."""
+        key = (n, id(cost))
+        cache = self.__dict__.setdefault("_phase_cache", {})
+        if key not in cache:
+            cache[key] = sorted((self._cost(p, n, cost), p) for p in range(0, self.slices, ALIGN))
+        return cache[key]
+
     def alloc_at(self, start: int, n: int) -> bool:
         """Take [start, start + n) if it is free (logged like `alloc`); False if not."""
         n = -(-n // ALIGN) * ALIGN

@@ -50,7 +50,7 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
                    before=None, after=None) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
-    graph = heads_rope(rewrite(graph), machine.lanes)   # layout choices as graph rewrites
+    graph = heads_rope(rewrite(graph, machine.lanes), machine.lanes)   # layout choices as graph rewrites
     reg = Registry()
     sched = Scheduler(machine, reg)
     placing = [0.0]

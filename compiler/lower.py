@@ -21,6 +21,20 @@ from lpu.isa.opcodes import dtype_width
 from lpu.isa.program import Symbol
 
 
+# A decode step's temporaries (up to NEAR_SHARE of the MEM slices' worth of plane slots) are
+# placed near the VXM: most of their trips are VXM -> MEM -> VXM, two hops per slice of distance,
+# and first fit puts them wherever the weights left room (up to 44 slices away on tsp-v1). First
+# fit stays where it is within NEAR_MARGIN hops of the best (a group of 4 slices): on a small
+# machine (tiny: 8 slices a side) the few near slices crowd (bank conflicts) for little gain.
+# Measured: a margin of 0 is faster still on tsp-v1 (gpt2_block_decode 2,234 against 2,308) but
+# slower on tiny (attention_decode 1,590 against 1,457); prefill programs (not near-placed)
+# were some faster, some slower (gpt2_block_prefill 4,875 -> 4,913).
+NEAR_SHARE = 0.5
+NEAR_MARGIN = 4
+SCRATCH_LAG = 4      # depths a decode lane reduction's scratch is held (Lowerer.free_scratch;
+#                      measured: 1 to 4 and holding it to the end within noise of each other)
+
+
 class Lowered:
     def __init__(self, n_chains, symbols, ctx, alloc, replayed=0):
         self.n_chains = n_chains
@@ -60,6 +74,12 @@ class Lowerer:
         self._zero = None
         self.rope_cache: dict = {}
         self.replayer = Replayer(self)
+        self.deferred: list = []             # (depth, scratch region) freed SCRATCH_LAG depths later
+        self.depth = 0
+        # hops from each MEM slice to the VXM, in a decode step (every matmul of one row): its
+        # small temporaries go where their trips are short (None: first fit)
+        decode = all(int(np.prod(graph.node(n.inputs[0]).shape[:-1])) == 1 for n in graph.nodes() if n.op == "matmul")
+        self.near_vxm = [abs(machine.slice_pos(s) - machine.vxm_pos) for s in range(machine.mem_slices)] if decode else None
 
     # ---- storage -----------------------------------------------------------------------------
     def new_region(self, shape, dtype, what, chunk_major=False, owner=None, fresh=False, period=0):
@@ -70,6 +90,8 @@ class Lowerer:
             start = self.alloc.alloc_fresh(n, what)
         elif twin is not None and twin[1] == n and self.alloc.alloc_at(twin[0], n):
             start = twin[0]          # where the twin trip's node was: the trips converge sooner
+        elif owner is not None and self.near_vxm and n <= self.m.mem_slices * NEAR_SHARE:
+            start = self.alloc.alloc_near(n, self.near_vxm, NEAR_MARGIN, what)
         else:
             start = self.alloc.alloc(n, what)
         if owner is not None:
@@ -86,6 +108,15 @@ class Lowerer:
 
     def free_temp(self, region):
         self.alloc.release(*region)
+
+    def free_scratch(self, region):
+        """Free a lane reduction's scratch; in a decode step, only once the walk leaves the
+        node's depth: the next head's reduction (a peer at that depth) would otherwise take the
+        same slots and wait for this one's last read (the heads' reductions ran one after another)."""
+        if self.near_vxm is None:
+            self.alloc.release(*region)
+        else:
+            self.deferred.append((self.depth, region))
 
     def symbol(self, name, kind, dtype, shape, grid, data=None):
         w = dtype_width(dtype)
@@ -151,9 +182,18 @@ class Lowerer:
         for owner, last in plan.last_use.items():
             if plan.kind.get(owner) == "temp":
                 free_after.setdefault(last, []).append(owner)
+        depth = None
         for nid in plan.order:
             n = g.node(nid)
             k = plan.kind[n.id]
+            if plan.depth[nid] != depth:
+                depth = plan.depth[nid]
+                keep = [(d, r) for d, r in self.deferred if d > depth - SCRATCH_LAG]
+                for d, r in self.deferred:
+                    if d <= depth - SCRATCH_LAG:
+                        self.alloc.release(*r)
+                self.deferred = keep
+                self.depth = depth
             try:
                 if k == "view":
                     self.grid[n.id] = self.view(n)

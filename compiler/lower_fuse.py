@@ -91,7 +91,15 @@ def small(lw, n) -> bool:
 def needs_spread(lw, nid, shape) -> bool:
     """Operand nid is broadcast along the last axis of `shape`: lane 0 spread by DISTRIBUTE."""
     sh = lw.g.node(nid).shape
-    return lw.plan.kind[nid] != "imm" and (sh[-1] if sh else 1) == 1 and (shape[-1] if shape else 1) > 1
+    return (lw.plan.kind[nid] != "imm" and (sh[-1] if sh else 1) == 1 and (shape[-1] if shape else 1) > 1
+            and not splat(lw, nid))
+
+
+def splat(lw, nid) -> bool:
+    """Node nid is a view of a value held in every lane of its vectors (compiler/rewrite.py):
+    read as it is wherever it is broadcast along the lanes."""
+    n = lw.g.node(nid)
+    return n.op == "slice" and bool(n.attrs.get("splat")) and lw.plan.kind[nid] == "view"
 
 
 def _tree(lw, n, out, operand):

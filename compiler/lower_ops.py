@@ -43,7 +43,7 @@ def _operand(lw, nid, out_shape, out_grid, node):
         return "imm", float(np.asarray(n.attrs["value"]).reshape(-1)[0]), n.dtype
     grid = lw.grid[nid]
     last = n.shape[-1] if n.shape else 1
-    if last == 1 and (out_shape[-1] if out_shape else 1) > 1:
+    if last == 1 and (out_shape[-1] if out_shape else 1) > 1 and not lower_fuse.splat(lw, nid):
         tgrid, region = lw.temp(n.shape if n.shape else (1,), n.dtype)
         for idx in np.ndindex(grid.shape):
             sxm_chain(lw, node, O.DISTRIBUTE, int(grid[idx]), int(tgrid[idx]), n.dtype, 0)

@@ -214,7 +214,7 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
             gather(lw, n, [cur], moved, vop, d, cdt, ddt, nv, pst, held)
             cur = (d, ddt)
     for r in held + [r1]:
-        lw.free_temp(r)
+        lw.free_scratch(r)
 
 
 MAX_RADIX = 1 << 30      # (a cap on the shifts of one lane step, for measurements)

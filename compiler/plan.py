@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.lower_fuse import fusable
+from lpu.compiler import ops
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Plan:
     last_use: dict      # owning node id -> last node id (program order) that reads it
     outputs_alias: dict  # output node id -> True if it takes over its source's region
     alone: frozenset = frozenset()   # matmuls with no other matmul at their depth (lower_mxm.py)
+    depth: dict = None               # node id -> its depth (level_order)
 
 
 def _aligned_last(node, src_shape, lanes) -> bool:
@@ -55,6 +57,10 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
 
     def is_view(n) -> bool:
         src = graph.node(n.inputs[0]) if n.inputs else None
+        if n.op == "slice" and n.attrs.get("splat"):
+            # lane 0 of a value held in every lane (compiler/rewrite.py): a view where every
+            # user is elementwise (the VXM zeroes an output's lanes past its width)
+            return all(graph.node(u).op in ops.ELEMENTWISE for u in graph.users(n.id))
         if n.op == "slice":
             return _aligned_last(n, src.shape, lanes)
         if n.op == "reshape":
@@ -121,7 +127,7 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
         outputs_alias[oid] = ok
         if ok:
             claimed.add(src)
-    return Plan(order, kind, base, last_use, outputs_alias, alone)
+    return Plan(order, kind, base, last_use, outputs_alias, alone, depth)
 
 
 def _keep_old_reads(graph: IRGraph, kind: dict, fused: set, store_ids: dict) -> set:

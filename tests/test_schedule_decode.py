@@ -109,3 +109,40 @@ def test_the_heads_ropes_of_a_row_are_one_rope_and_match(machine, rows, hd, head
     assert len(one) == (1 if in_chunks else heads)
     if in_chunks:
         assert one[0].attrs["hd"] == hd and one[0].shape == (rows, hd * heads)
+
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("d", [48, 256, 700])
+def test_decode_norms_broadcast_their_sums_without_the_sxm(machine, d):
+    """A decode row's layernorm and rmsnorm: each f16 lane sum is x @ ones[D, lanes], the sum in
+    every lane (a splat), and the ops on it (mean's division, + eps, rsqrt) run on whole
+    vectors, so the normalisation reads it as it is: no DISTRIBUTE (no SXM at all); the values
+    match the reference; a splat used other than elementwise is copied (output s)."""
+    from lpu.isa.opcodes import OPS
+    src = (f"input x : f16[1, {d}]\nweight g : f32[{d}]\nweight b : f32[{d}]\n"
+           "output y = f16(layernorm(x, g, b))\noutput z = f16(rmsnorm(x, g))\n")
+    prog = _run_checked(src, machine)
+    used = {OPS[int(o)].name for o in np.unique(prog.op)}
+    assert not {"DISTRIBUTE", "SHIFT", "ROTATE", "PERMUTE"} & used, used
+    _run_checked(src + "weight w : f16[1, 8]\noutput s = mean(x)\noutput t = sum(x) @ w\n", machine)
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_alloc_near_takes_the_slices_nearest_the_vxm_unless_first_fit_is_near_enough(machine):
+    """compiler/alloc.py alloc_near: with the slices next to the VXM taken at the low addresses,
+    a small region goes to the nearest free slices of a later row, not first fit's far ones; a
+    first fit within the margin stays; each region is taken once (never overlapping)."""
+    from lpu.compiler.alloc import SlotAllocator
+    m = MachineConfig.load(machine)
+    a = SlotAllocator(m)
+    near = [abs(m.slice_pos(s) - m.vxm_pos) for s in range(m.mem_slices)]
+    a.alloc(8)                                     # slices 0 .. 7: far from the VXM
+    start = a.alloc_near(4, near, 0)
+    got = max(near[(start + k) % m.mem_slices] for k in range(4))
+    assert got == min(max(near[(p + k) % m.mem_slices] for k in range(4)) for p in range(0, m.mem_slices, 4))
+    assert start >= 8
+    first = a.free[0][0]                           # slices 8 .. 11: first fit, its cost as margin
+    cost = max(near[(first + k) % m.mem_slices] for k in range(4))
+    assert a.alloc_near(4, near, cost) == first
+    assert a.alloc_near(4, near, 0) not in (start, first)
