@@ -119,6 +119,23 @@ class SlotAllocator:
             self.log.append(("a", n, start))
         return True
 
+    def alloc_congruent(self, n: int, residue: int, period: int) -> int | None:
+        """First-fit for a region whose start is `residue` modulo `period` (so that its vectors
+        sit in the same slices and banks as a region starting at `residue`); None if none fits."""
+        n = -(-n // ALIGN) * ALIGN
+        for s, length in self.free:
+            start = s + (residue - s) % period
+            if start + n <= s + length:
+                self.alloc_at(start, n)
+                return start
+        return None
+
+    def take_held(self, start: int, n: int):
+        """A region allocated earlier for a node is handed to it now: logged as an alloc at this
+        point, so that replaying the log (`replays`) allocates it where the node is lowered."""
+        if self.log is not None:
+            self.log.append(("a", -(-n // ALIGN) * ALIGN, start))
+
     def _fail(self, n, what):
         raise CapacityError(
             f"out of SRAM while placing {what or 'a temporary'}: {n * self.m.lanes:,} bytes needed, "

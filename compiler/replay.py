@@ -65,12 +65,39 @@ class Replayer:
         self.period = m.mem_slices * m.banks_per_slice
         self.twin: dict[int, int] = {}            # node id -> its twin in the previous trip
         for trips in lw.g.loops:
-            for (s0, e0), (s1, e1) in zip(trips, trips[1:]):
-                if e1 - s1 == e0 - s0:
-                    self.twin.update(zip(range(s1, e1), range(s0, e0)))
+            for a, b in zip(trips, trips[1:]):
+                self.twin.update(_aligned(lw.g, a, b))
         self.wanted = set(self.twin.values())     # nodes some later node may replay
+        self.carried = self._carried()
         self.rec: dict[int, Record] = {}
         self.replayed = self.lowered = 0
+
+    def _carried(self) -> list:
+        """[(first trip's (start, end), [(o, p)])] per loop: o, a node of the first trip that the
+        second trip reads where the first read p (a value from before the loop: `h` in
+        `for l { h = f(h, l) }`). Giving o a region whose slots are p's shifted by a multiple of
+        the period, held from the loop's start so that no node of the first trip uses it, lets
+        the second trip replay the first (`Lowerer.hold_carried`)."""
+        g, plan = self.lw.g, self.lw.plan
+        out = []
+        for trips in g.loops:
+            if len(trips) < 2:
+                continue
+            (s0, e0), (s1, e1) = trips[0], trips[1]
+            pairs = {}
+            for m in range(s1, e1):
+                if m not in self.twin:
+                    continue
+                mine, theirs = g.node(m).inputs, g.node(self.twin[m]).inputs
+                if len(mine) != len(theirs):
+                    continue
+                for i, j in zip(mine, theirs):
+                    o, p = plan.base.get(i, i), plan.base.get(j, j)
+                    if s0 <= o < e0 and p < s0 and plan.kind.get(o) == "temp":
+                        pairs.setdefault(o, p)
+            if pairs:
+                out.append(((s0, e0), sorted(pairs.items())))
+        return out
 
     # ---- recording -------------------------------------------------------------------------
     def begin(self, n):
@@ -177,6 +204,28 @@ class Replayer:
             if d0:
                 out.append((gb, dtype_width(a.dtype), d0))
         return True
+
+
+def _aligned(g, a: tuple, b: tuple) -> dict:
+    """{node of trip b: its twin in trip a}, pairing nodes in order by (op, source position);
+    a constant that only one trip has (made by a rewrite in the first trip that needs it and
+    shared by the later ones) is skipped. Pairing stops at the first other difference."""
+    def key(i):
+        n = g.node(i)
+        return n.op, n.line, n.col
+    out = {}
+    i, j = a[0], b[0]
+    while i < a[1] and j < b[1]:
+        if key(i) == key(j):
+            out[j] = i
+            i, j = i + 1, j + 1
+        elif g.node(i).op == "const":
+            i += 1
+        elif g.node(j).op == "const":
+            j += 1
+        else:
+            break
+    return out
 
 
 def _same_attrs(a: dict, b: dict) -> bool:
