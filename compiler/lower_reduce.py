@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 
-import networkx as nx
 import numpy as np
 
 from lpu.compiler.chains import ChainBuilder
@@ -230,9 +229,15 @@ def _peers(lw, n) -> int:
         shape = g.node(n.inputs[0]).shape
         same = [m.id for m in g.nodes() if m.op == n.op and m.attrs.get("axis") == len(shape) - 1
                 and g.node(m.inputs[0]).shape == shape]
-        anc = {i: nx.ancestors(g.g, i) for i in same}
+        bit = {i: 1 << k for k, i in enumerate(same)}
+        below: dict[int, int] = {}    # node -> bitmask of the reductions among its ancestors
+        for v in sorted(g.g.nodes):   # program order: inputs first
+            b = 0
+            for u in g.g.predecessors(v):
+                b |= below[u] | bit.get(u, 0)
+            below[v] = b
         for i in same:
-            cache[i] = sum(1 for j in same if j == i or (j not in anc[i] and i not in anc[j]))
+            cache[i] = sum(1 for j in same if j == i or not (below[i] & bit[j] or below[j] & bit[i]))
     return cache[n.id]
 
 
