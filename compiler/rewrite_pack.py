@@ -19,6 +19,8 @@ zeros) in another order than the reference (its tolerance).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from lpu.compiler.ir import IRGraph
@@ -147,6 +149,7 @@ def pack_heads(g: IRGraph, lanes: int) -> IRGraph:
     m: dict[int, int] = {}
     made: dict = {}                       # pack key -> new ids of its packed region
     trans: dict = {}                      # (pack key, position) -> new id of the packed node transposed
+    half: dict = {}                       # (pack key, position) -> new id of the packed node in f16
     first: dict[int, int] = {}
     for n in g.nodes():
         first[n.id] = len(new)
@@ -160,8 +163,12 @@ def pack_heads(g: IRGraph, lanes: int) -> IRGraph:
         if n.id in where or n.id in packs:
             key, i, j = where.get(n.id) or (packs[n.id][0], 0, packs[n.id][1])
             nk, nq = n.shape
-            m[n.id] = add("slice", (made[key][i],), n.shape, n.dtype,
-                          {"index": ((0, nk), (j * nq, (j + 1) * nq))})
+            src, dt = made[key][i], n.dtype
+            if dt == "f32" and _weights_only(g, n.id):    # the MXM rounds them to f16: round the
+                if (key, i) not in half:                  # packed tensor once, move half the bytes
+                    half[key, i] = add("cast", (src,), new.node(src).shape, "f16", {"to": "f16"})
+                src, dt = half[key, i], "f16"
+            m[n.id] = add("slice", (src,), n.shape, dt, {"index": ((0, nk), (j * nq, (j + 1) * nq))})
             continue
         src = n.inputs[0] if n.inputs else None
         if n.op == "transpose" and src in where and list(n.attrs["perm"]) == [1, 0]:
@@ -182,6 +189,32 @@ def pack_heads(g: IRGraph, lanes: int) -> IRGraph:
     return _prune(new)
 
 
+def _weights_only(g: IRGraph, nid) -> bool:
+    """nid's users are matmuls that take it as their weights (B) only."""
+    us = g.users(nid)
+    return bool(us) and all(g.node(u).op == "matmul" and g.node(u).inputs[1] == nid
+                            and g.node(u).inputs[0] != nid for u in us)
+
+
+def _scale(g: IRGraph, rs) -> tuple[int, float] | None:
+    """(id, factor) of the region's op scores * c when c is a power of two and the scores have no
+    other user: folded into Q's mask, exactly (f16 products with a power of two, and the f32 sums
+    of products scaled by one, round the same; barring underflow)."""
+    if rs is None:
+        return None
+    us = g.users(rs[0][0])
+    if len(us) != 1 or g.node(us[0]).op != "mul":
+        return None
+    x = g.node(us[0])
+    other = [i for i in x.inputs if i != rs[0][0]]
+    if len(other) != 1 or g.node(other[0]).op != "const" or g.node(other[0]).shape != ():
+        return None
+    v = float(np.asarray(g.node(other[0]).attrs["value"]))
+    if not (v > 0 and math.frexp(v)[0] == 0.5 and 2.0 ** -8 <= v <= 1):
+        return None
+    return x.id, v
+
+
 def _packed(g: IRGraph, add, m, key, heads, rs, n, lanes) -> list:
     """New ids of the packed scores and (rs: the heads' regions) of each region node packed."""
     kid, qid, ch = key
@@ -192,9 +225,10 @@ def _packed(g: IRGraph, add, m, key, heads, rs, n, lanes) -> list:
     kc = add("slice", (m[kid],), (nk, w), "f16", {"index": ((0, nk), (lo, hi))})
     qc = add("slice", (m[qid],), (nq, w), "f16", {"index": ((0, nq), (lo, hi))})
     q3 = add("reshape", (qc,), (1, nq, w), "f16", {"shape": (1, nq, w)})
+    fold = _scale(g, rs)
     mask = np.zeros((p, nq, w), np.float16)     # a vector per row: rows sharing one would
     for i, (c0, c1, _) in enumerate(heads):      # queue on its bank (one read a cycle)
-        mask[i, :, c0 - lo:c1 - lo] = 1
+        mask[i, :, c0 - lo:c1 - lo] = fold[1] if fold else 1
     mc = add("const", (), mask.shape, "f16", {"value": mask})
     qm3 = add("mul", (q3, mc), (p, nq, w), "f16", {})
     qm = add("reshape", (qm3,), (p * nq, w), "f16", {"shape": (p * nq, w)})
@@ -205,6 +239,9 @@ def _packed(g: IRGraph, add, m, key, heads, rs, n, lanes) -> list:
     pos = {x: i for i, x in enumerate(rs[0])}
     consts: dict = {}
     for x in rs[0][1:]:
+        if fold and x == fold[0]:
+            out.append(out[0])
+            continue
         xn = g.node(x)
         ins = []
         for i in xn.inputs:

@@ -3,6 +3,7 @@ within the reference's tolerance, predicted == emulated cycles and `verify`, and
 case it was made for."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from lpu.compiler import lower_mxm
@@ -137,3 +138,23 @@ def test_heads_in_one_chunk_of_lanes_share_one_score_matmul_and_softmax(machine,
     monkeypatch.setattr(driver, "pack_heads", lambda gr, lanes: gr)
     unpacked = compile_graph(g, m)
     assert _count(prog, "ABC") < _count(unpacked, "ABC")
+
+
+def test_packed_heads_fold_a_power_of_two_scale_into_the_mask_and_hand_f16_weights():
+    """Head width 64: the scores' scale 1/8 rides in Q's mask (exact), so no pass multiplies the
+    packed scores; with more query rows than P_BACK_Q, each head's p @ v takes its lanes of the
+    packed p as weights, rounded to f16 once for all heads (the MXM would round each)."""
+    from lpu.compiler.rewrite import P_BACK_Q, rewrite
+    from lpu.compiler.rewrite_pack import pack_heads
+    m = MachineConfig.load("tsp-v1")
+    src = CAUSAL.format(S=P_BACK_Q + 16, D=256)
+    p = pack_heads(rewrite(elaborate_source(src, "c.lpu", {})), m.lanes)
+    packed = [n for n in p.nodes() if n.op == "matmul" and n.shape[1] == 4 * (P_BACK_Q + 16)]
+    assert len(packed) == 1
+    assert not [u for u in p.users(packed[0].id) if p.node(u).op == "mul"]
+    mask = [n for n in p.nodes() if n.op == "const" and n.dtype == "f16" and len(n.shape) == 3]
+    assert set(np.unique(mask[0].attrs["value"])) == {0.0, 0.125}
+    heads = [n for n in p.nodes() if n.op == "slice" and p.node(n.inputs[0]).op == "cast"
+             and n.shape == (P_BACK_Q + 16,) * 2 and all(p.node(u).op == "matmul" for u in p.users(n.id))]
+    assert len(heads) == 4 and all(n.dtype == "f16" for n in heads)
+    run_checked(src, m, 14, "c.lpu")
