@@ -256,3 +256,63 @@ def _packed(g: IRGraph, add, m, key, heads, rs, n, lanes) -> list:
             ins.append(consts[i])
         out.append(add(xn.op, tuple(ins), (xn.shape[0], p * xn.shape[1]), xn.dtype, dict(xn.attrs)))
     return out
+
+
+def _split_join(g: IRGraph, n, lanes) -> bool:
+    """n = concat(x_h, axis=1) @ W with the concat used only there, its pieces narrower than
+    the lanes and 2-D: each x_h takes its rows of W instead (see split_joins)."""
+    if n.op != "matmul" or len(n.shape) != 2:
+        return False
+    c, w = (g.node(i) for i in n.inputs)
+    if c.op != "concat" or c.attrs["axis"] not in (1, -1) or len(c.shape) != 2 or len(w.shape) != 2:
+        return False
+    if g.users(c.id) != [n.id] or len(c.inputs) < 2 or c.id in g.outputs.values():
+        return False
+    return all(len(g.node(i).shape) == 2 and g.node(i).shape[1] < lanes for i in c.inputs) and _last(g, n.id)
+
+
+def _last(g: IRGraph, nid) -> bool:
+    """nid feeds only outputs (through casts): nothing waits for the MXM after it. (Measured:
+    where an MLP follows, as in the gpt2 and llama blocks, the extra products cost more than
+    the lane moves they save.)"""
+    us = g.users(nid)
+    return bool(us) and all(g.node(u).op == "output" or g.node(u).op == "cast" and _last(g, u) for u in us)
+
+
+def split_joins(g: IRGraph, lanes: int) -> IRGraph:
+    """concat(x_h, axis=1) @ W = sum_h x_h @ W[rows of h], at the end of a program: the heads'
+    outputs, each narrower than the lanes, are not moved to their lanes of one vector (an SXM
+    permute per head and row, and VXM adds); each feeds the MXM with its own rows of W (views:
+    a product per head and row where the join made one per row) and the products are added
+    (in f32, in another order than the reference's one dot product)."""
+    todo = {n.id for n in g.nodes() if _split_join(g, n, lanes)}
+    if not todo:
+        return g
+    new = IRGraph(g.source_name, g.source)
+    new.params = dict(g.params)
+    m: dict[int, int] = {}
+    first: dict[int, int] = {}
+    for n in g.nodes():
+        first[n.id] = len(new)
+        if n.id not in todo:
+            m[n.id] = new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+            continue
+        c, w = (g.node(i) for i in n.inputs)
+        parts, off = [], 0
+        for i in c.inputs:
+            x = g.node(i)
+            k = x.shape[1]
+            wr = new.add("slice", (m[w.id],), (k, w.shape[1]), w.dtype, {"index": ((off, off + k), (0, w.shape[1]))},
+                         n.line, n.col)
+            parts.append(new.add("matmul", (m[i], wr), n.shape, n.dtype, {}, n.line, n.col))
+            off += k
+        while len(parts) > 1:
+            odd = parts[-1:] if len(parts) % 2 else []
+            parts = [new.add("add", (parts[j], parts[j + 1]), n.shape, n.dtype, {}, n.line, n.col)
+                     for j in range(0, len(parts) - 1, 2)] + odd
+        m[n.id] = parts[0]
+    new.decls = {k: m[v] for k, v in g.decls.items()}
+    new.outputs = {k: m[v] for k, v in g.outputs.items()}
+    new.final_states = {k: m[v] for k, v in g.final_states.items()}
+    new.loops = _loops(g.loops, first, len(new))
+    return _prune(new)

@@ -158,3 +158,41 @@ def test_packed_heads_fold_a_power_of_two_scale_into_the_mask_and_hand_f16_weigh
              and n.shape == (P_BACK_Q + 16,) * 2 and all(p.node(u).op == "matmul" for u in p.users(n.id))]
     assert len(heads) == 4 and all(n.dtype == "f16" for n in heads)
     run_checked(src, m, 14, "c.lpu")
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_heads_joined_as_rows_are_computed_in_their_rows_of_the_join(machine, monkeypatch):
+    """The heads' transposed outputs, joined along the rows, are each written straight into
+    their rows of the join's region (plan kinds 'part' and 'joined'): no copy per row, fewer
+    SXM permutes, and the results agree with the reference."""
+    from lpu.compiler import plan as plan_mod
+    from lpu.compiler.rewrite import P_BACK_Q, rewrite
+    m = MachineConfig.load(machine)
+    src = ATTN.format(S=P_BACK_Q + 16)
+    t = rewrite(elaborate_source(src, "h.lpu", {}))
+    kinds = make_plan(t, m.lanes).kind
+    cat = [n for n in t.nodes() if n.op == "concat"][0]
+    assert kinds[cat.id] == "joined" and all(kinds[i] == "part" for i in cat.inputs)
+    prog, g, _, _ = run_checked(src, m, 15, "h.lpu")
+    monkeypatch.setattr(plan_mod, "_joins_rows", lambda *a: False)
+    copied = compile_graph(g, m)
+    assert _count(prog, "PERMUTE") < _count(copied, "PERMUTE")
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_heads_joined_along_the_lanes_at_the_end_feed_the_mxm_with_their_rows_of_w(machine):
+    """attention_prefill's concat(heads, axis=1) @ wo, heads narrower than the lanes and nothing
+    after it: each head multiplies its rows of wo and the products are added, no lane moves; the
+    results agree with the reference."""
+    import os
+    from lpu.compiler.rewrite_pack import split_joins
+    m = MachineConfig.load(machine)
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
+        src = f.read()
+    hd = min(32, m.lanes // 2)
+    src = src.replace("param D = 128", f"param D = {4 * hd}").replace("param S = 64", f"param S = {4 * hd}")
+    g = elaborate_source(src, "a.lpu", {})
+    s = split_joins(g, m.lanes)
+    assert any(n.op == "concat" for n in g.nodes()) and not any(n.op == "concat" for n in s.nodes())
+    assert sum(n.op == "matmul" for n in s.nodes()) == sum(n.op == "matmul" for n in g.nodes()) + 3
+    run_checked(src, m, 16, "a.lpu")
