@@ -208,7 +208,7 @@ class Lowerer:
         g, plan = self.g, self.plan
         free_after: dict[int, list[int]] = {}
         for owner, last in plan.last_use.items():
-            if plan.kind.get(owner) == "temp":
+            if plan.kind.get(owner) in ("temp", "joined"):
                 free_after.setdefault(last, []).append(owner)
         depth = None
         carried = list(self.replayer.carried)
@@ -235,6 +235,11 @@ class Lowerer:
                     L.lower_store(self, n)
                 elif k == "output":
                     self.lower_output(n)
+                elif k == "part":           # computed into its rows of the concat's region
+                    self.grid[n.id] = self.part_grid(n)
+                    L.LOWER[n.op](self, n)
+                elif k == "joined":
+                    pass
                 elif k == "temp":
                     aliased = any(plan.outputs_alias.get(o) and g.node(o).inputs[0] == n.id for o in g.outputs.values())
                     if not self.replayer.replay(n, aliased):
@@ -253,6 +258,18 @@ class Lowerer:
                 if owner in self.regions:
                     self.alloc.release(*self.regions.pop(owner))
         return Lowered(n_chains, self.symbols, self.ctx, self.alloc, self.replayer.replayed)
+
+    def part_grid(self, n):
+        cid = self.plan.base[n.id]
+        cat = self.g.node(cid)
+        if cid not in self.grid:
+            self.grid[cid] = self.new_region(cat.shape, cat.dtype, f"'concat' at line {cat.line}", owner=cid)
+        off = 0
+        for i in cat.inputs:
+            if i == n.id:
+                break
+            off += self.g.node(i).shape[0]
+        return self.grid[cid][off:off + n.shape[0]]
 
     def view(self, n):
         return self._view(n).reshape(grid_shape(n.shape, self.lanes))

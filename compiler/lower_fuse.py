@@ -24,6 +24,7 @@ from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
 
 MAX_FUSED = 3          # producers folded into one consumer: the chain's width stays small
+GROUP = 8              # output vectors per chain at most when they share a broadcast operand
 DUP_MAX_VECTORS = 16   # a producer computed again in each of its users only up to this size: in
 #                        a one-row (decode) program its trip is latency; in a prefill its operands'
 #                        lane broadcasts, done again per user, cost more SXM time than it saves
@@ -76,9 +77,15 @@ def lower_fused(lw, n, operand):
     flat_out = out.reshape(-1)
     nvs = nv_chunks(n.shape, lw.lanes, out.shape[-1])
     nvs = [int(x) for x in np.broadcast_to(nvs, out.shape).reshape(-1)]
-    for k in range(len(flat_out)):
-        if not _fused_chain(lw, n, tree, k, int(flat_out[k]), nvs[k]):
+    group = _group_size(lw, tree, len(flat_out)) if _row_of_reduction(lw, n) else 1
+    k = 0
+    while k < len(flat_out):
+        g = min(group, len(flat_out) - k)
+        while g > 1 and not _fused_chain(lw, n, tree, [(j, int(flat_out[j]), nvs[j]) for j in range(k, k + g)]):
+            g //= 2
+        if g == 1 and not _fused_chain(lw, n, tree, [(k, int(flat_out[k]), nvs[k])]):
             _unfused(lw, n, tree, k, (int(flat_out[k]), n.dtype), nvs[k])
+        k += g
     for r in lw.pending_free:
         lw.free_temp(r)
 
@@ -131,11 +138,53 @@ def _opcode(node) -> int:
     return O.BY_NAME[ops.OPS[node.op].vxm].code
 
 
-def _fused_chain(lw, n, tree, k, out_slot, nv) -> bool:
+def _row_of_reduction(lw, n) -> bool:
+    """An operand of n (or of its fused producers) is a reduction over axis 0 broadcast back
+    over the rows (measured: grouping rows that share other operands, a bias say, was slower)."""
+    for i in n.inputs:
+        x = lw.g.node(i)
+        if lw.plan.kind[i] == "fused" and _row_of_reduction(lw, x):
+            return True
+        if x.op in ("max", "sum", "mean") and x.attrs.get("axis") == 0 and len(x.shape) == 2 and x.shape[0] == 1:
+            return True
+    return False
+
+
+def _ops(tree) -> int:
+    return 1 + sum(_ops(x) for kind_, x in tree[1] if kind_ == "op")
+
+
+def _group_size(lw, tree, nvec) -> int:
+    """Output vectors per chain: one, unless a leaf operand is one vector broadcast over the
+    rows (softmax's x - max and e / sum over transposed scores): then a chain computes up to
+    GROUP of them and READs that vector once, so its bank, which serves one access a cycle,
+    does not make the rows queue behind each other (up to as many ops as the VXM has ALUs)."""
+    def shared(t):
+        for kind_, x in t[1]:
+            if kind_ == "spread":
+                return False
+        for kind_, x in t[1]:
+            if kind_ == "op" and shared(x):
+                return True
+            if kind_ == "leaf" and x[0] == "grid" and nvec > 1:
+                flat = x[1].reshape(-1)
+                if flat[0] == flat[1]:
+                    return True
+        return False
+
+    if nvec < 2 or not shared(tree):
+        return 1
+    return max(1, min(GROUP, lw.m.vxm_alus // _ops(tree)))
+
+
+def _fused_chain(lw, n, tree, items) -> bool:
+    """One chain computing the output vectors `items` ((k, out slot, nv) each); operands they
+    share are READ once."""
     c = lw.ctx
     vpos = c.m.vxm_pos
     cb = ChainBuilder(c, n.line, n.id)
     reads: dict = {}
+    k = 0
 
     def emit(t, off, out_grp, nv_):
         node, kids = t
@@ -169,8 +218,9 @@ def _fused_chain(lw, n, tree, k, out_slot, nv) -> bool:
         cb.vxm(_opcode(node), off, a, b, out_grp, nv=nv_, imm=imm, bimm=bimm)
 
     lat = c.lat[_opcode(n)]
-    go = (cb.write(out_slot, dtype_width(n.dtype), vpos, lat), DTYPE_CODE[n.dtype])
-    emit(tree, 0, go, nv)
+    for k, out_slot, nv in items:
+        go = (cb.write(out_slot, dtype_width(n.dtype), vpos, lat), DTYPE_CODE[n.dtype])
+        emit(tree, 0, go, nv)
     if cb.mem_conflict():
         return False
     need: dict = {}

@@ -10,6 +10,9 @@
   alias       a `store`: the new state version lives in the state's own region
   fused       an elementwise op whose one user is elementwise too: no storage, computed
               inside its user's chains (lower_fuse.py)
+  joined      a concat along the rows of temporaries only it uses: its region is taken when
+              the first of them is lowered, and each (a `part`) is computed straight into its
+              rows (the heads' transposed outputs joined: no copy per row)
   temp        everything else: computed into a fresh region, freed after its last use
 
 It also finds each temporary region's last use (through views) so that `lower` can free it.
@@ -106,6 +109,11 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
                     kind[n.id], base[n.id] = "temp", n.id
     for p in _keep_old_reads(graph, kind, fusable(graph, kind, lanes), store_ids):
         kind[p] = "fused"
+    for n in nodes:
+        if _joins_rows(graph, kind, n):
+            kind[n.id] = "joined"
+            for i in n.inputs:
+                kind[i], base[i] = "part", n.id
     order, depth = level_order(graph, kind)
     mm_depth = [depth[n.id] for n in nodes if n.op == "matmul"]
     alone = frozenset(n.id for n in nodes if n.op == "matmul" and mm_depth.count(depth[n.id]) == 1)
@@ -175,6 +183,18 @@ def level_order(graph: IRGraph, kind: dict) -> tuple[list[int], dict]:
     for n in nodes:
         depth[n.id] = 1 + max((depth[p] for p in preds[n.id]), default=-1)
     return sorted(depth, key=lambda i: (depth[i], i)), depth
+
+
+def _joins_rows(graph: IRGraph, kind: dict, n) -> bool:
+    """A concat along the rows of 2-D temporaries that only it uses (the heads' transposed
+    outputs): each is computed straight into its rows of the concat's region, no copy."""
+    if n.op != "concat" or len(n.shape) != 2 or n.attrs["axis"] not in (0, -2) or kind[n.id] != "temp":
+        return False
+    if n.id in graph.outputs.values() or len(set(n.inputs)) != len(n.inputs):
+        return False
+    return all(kind[i] == "temp" and graph.users(i) == [n.id] and graph.node(i).dtype == n.dtype
+               and graph.node(i).op not in ("input", "weight", "state", "const") and i not in graph.outputs.values()
+               for i in n.inputs)
 
 
 def _root(graph, kind, nid):

@@ -3,6 +3,7 @@ within the reference's tolerance, predicted == emulated cycles and `verify`, and
 case it was made for."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from lpu.compiler import lower_mxm
@@ -91,3 +92,107 @@ def test_heads_computed_transposed_are_joined_as_rows_and_transposed_once(machin
     assert all(t.node(i).op == "cast" and t.node(t.node(i).inputs[0]).op == "matmul" for i in cats[0].inputs)
     m = MachineConfig.load(machine)
     run_checked(src, m, 12, "h.lpu")
+
+
+CAUSAL = """param S = {S}
+param D = {D}
+param H = 4
+param HD = D / H
+input x : f16[S, D]
+weight wq : f16[D, D]
+weight wk : f16[D, D]
+weight wv : f16[D, D]
+fn head(q, k, v) {{
+    return f16(softmax(causal(q @ k.T * (1.0 / sqrt(HD)))) @ v)
+}}
+q = f16(x @ wq)
+k = f16(x @ wk)
+v = f16(x @ wv)
+output y = concat([head(q[:, i*HD:(i+1)*HD], k[:, i*HD:(i+1)*HD], v[:, i*HD:(i+1)*HD]) for i in 0..H], axis=1)
+"""
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_heads_in_one_chunk_of_lanes_share_one_score_matmul_and_softmax(machine, monkeypatch):
+    """4 heads of D / 4 columns in one chunk of lanes: one K @ Qm.T (Qm: Q's chunk masked per
+    head, the heads' rows stacked) makes all their scores in one output chunk, and the mask,
+    softmax and the transpose back run once on the packed scores; fewer MXM products than a
+    score matmul per head, and the results agree with the reference."""
+    from lpu.compiler import driver
+    from lpu.compiler.rewrite import MIN_ROW, rewrite
+    from lpu.compiler.rewrite_pack import pack_heads
+    m = MachineConfig.load(machine)
+    if m.lanes < 4 * MIN_ROW:     # (tiny: rows of a head too narrow to compute transposed)
+        src = CAUSAL.format(S=MIN_ROW // 2, D=m.lanes)
+        t = rewrite(elaborate_source(src, "c.lpu", {}))
+        assert pack_heads(t, m.lanes) is t
+        run_checked(src, m, 13, "c.lpu")
+        return
+    src = CAUSAL.format(S=m.lanes // 4, D=m.lanes)
+    t = rewrite(elaborate_source(src, "c.lpu", {}))
+    p = pack_heads(t, m.lanes)
+    assert sum(n.op == "max" for n in t.nodes()) == 4
+    assert sum(n.op == "max" for n in p.nodes()) == 1
+    assert sum(n.op == "matmul" for n in p.nodes()) == sum(n.op == "matmul" for n in t.nodes()) - 3
+    prog, g, _, _ = run_checked(src, m, 13, "c.lpu")
+    monkeypatch.setattr(driver, "pack_heads", lambda gr, lanes: gr)
+    unpacked = compile_graph(g, m)
+    assert _count(prog, "ABC") < _count(unpacked, "ABC")
+
+
+def test_packed_heads_fold_a_power_of_two_scale_into_the_mask_and_hand_f16_weights():
+    """Head width 64: the scores' scale 1/8 rides in Q's mask (exact), so no pass multiplies the
+    packed scores; with more query rows than P_BACK_Q, each head's p @ v takes its lanes of the
+    packed p as weights, rounded to f16 once for all heads (the MXM would round each)."""
+    from lpu.compiler.rewrite import P_BACK_Q, rewrite
+    from lpu.compiler.rewrite_pack import pack_heads
+    m = MachineConfig.load("tsp-v1")
+    src = CAUSAL.format(S=P_BACK_Q + 16, D=256)
+    p = pack_heads(rewrite(elaborate_source(src, "c.lpu", {})), m.lanes)
+    packed = [n for n in p.nodes() if n.op == "matmul" and n.shape[1] == 4 * (P_BACK_Q + 16)]
+    assert len(packed) == 1
+    assert not [u for u in p.users(packed[0].id) if p.node(u).op == "mul"]
+    mask = [n for n in p.nodes() if n.op == "const" and n.dtype == "f16" and len(n.shape) == 3]
+    assert set(np.unique(mask[0].attrs["value"])) == {0.0, 0.125}
+    heads = [n for n in p.nodes() if n.op == "slice" and p.node(n.inputs[0]).op == "cast"
+             and n.shape == (P_BACK_Q + 16,) * 2 and all(p.node(u).op == "matmul" for u in p.users(n.id))]
+    assert len(heads) == 4 and all(n.dtype == "f16" for n in heads)
+    run_checked(src, m, 14, "c.lpu")
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_heads_joined_as_rows_are_computed_in_their_rows_of_the_join(machine, monkeypatch):
+    """The heads' transposed outputs, joined along the rows, are each written straight into
+    their rows of the join's region (plan kinds 'part' and 'joined'): no copy per row, fewer
+    SXM permutes, and the results agree with the reference."""
+    from lpu.compiler import plan as plan_mod
+    from lpu.compiler.rewrite import P_BACK_Q, rewrite
+    m = MachineConfig.load(machine)
+    src = ATTN.format(S=P_BACK_Q + 16)
+    t = rewrite(elaborate_source(src, "h.lpu", {}))
+    kinds = make_plan(t, m.lanes).kind
+    cat = [n for n in t.nodes() if n.op == "concat"][0]
+    assert kinds[cat.id] == "joined" and all(kinds[i] == "part" for i in cat.inputs)
+    prog, g, _, _ = run_checked(src, m, 15, "h.lpu")
+    monkeypatch.setattr(plan_mod, "_joins_rows", lambda *a: False)
+    copied = compile_graph(g, m)
+    assert _count(prog, "PERMUTE") < _count(copied, "PERMUTE")
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_heads_joined_along_the_lanes_at_the_end_feed_the_mxm_with_their_rows_of_w(machine):
+    """attention_prefill's concat(heads, axis=1) @ wo, heads narrower than the lanes and nothing
+    after it: each head multiplies its rows of wo and the products are added, no lane moves; the
+    results agree with the reference."""
+    import os
+    from lpu.compiler.rewrite_pack import split_joins
+    m = MachineConfig.load(machine)
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
+        src = f.read()
+    hd = min(32, m.lanes // 2)
+    src = src.replace("param D = 128", f"param D = {4 * hd}").replace("param S = 64", f"param S = {4 * hd}")
+    g = elaborate_source(src, "a.lpu", {})
+    s = split_joins(g, m.lanes)
+    assert any(n.op == "concat" for n in g.nodes()) and not any(n.op == "concat" for n in s.nodes())
+    assert sum(n.op == "matmul" for n in s.nodes()) == sum(n.op == "matmul" for n in g.nodes()) + 3
+    run_checked(src, m, 16, "a.lpu")
