@@ -131,7 +131,10 @@ class Lowerer:
         """A scratch region for lowering; free it with `free_temp`."""
         w = dtype_width(dtype)
         n = int(np.prod(grid_shape(shape, self.lanes))) * w
-        start = self.alloc.alloc(n, "a temporary")
+        if self.near_vxm is not None and n <= self.m.mem_slices * NEAR_SHARE:     # (as new_region's)
+            start = self.alloc.alloc_near(n, self.near_vxm, NEAR_MARGIN, "a temporary")
+        else:
+            start = self.alloc.alloc(n, "a temporary")
         return layout(start, shape, w, self.lanes, False), (start, n)
 
     def free_temp(self, region):
