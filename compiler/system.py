@@ -43,7 +43,8 @@ class SystemProgram:
     chips: list                          # [Program], one per chip
     outputs: dict = field(default_factory=dict)    # output name -> chip that holds it
     params: dict = field(default_factory=dict)
-    rows: list = field(default_factory=list)       # per chip: split tensor name -> (start, stop) of axis 0
+    rows: list = field(default_factory=list)       # per chip: split tensor name -> its part (emulator.system.part_index)
+    parallel: str = "pp"                           # how the chips share the program: "pp" or "tp"
 
     @property
     def predicted_cycles(self) -> int:
@@ -189,8 +190,29 @@ def _as_link(sym):
     return replace(sym, kind="link")
 
 
-def compile_system(graph, system: SystemConfig, stats: CompileStats | None = None) -> SystemProgram:
-    """Partition `graph` over system.chips chips (pipeline parallel) and compile every chip."""
+def compile_system(graph, system: SystemConfig, stats: CompileStats | None = None,
+                   parallel: str = "pp") -> SystemProgram:
+    """Partition `graph` over system.chips chips and compile every chip. parallel: "pp"
+    (pipeline), "tp" (tensor parallel in a node, compiler/system_tp.py) or "auto" (both where
+    tensor parallel splits the program: the one the compiler predicts faster)."""
+    if system.chips > 1 and parallel in ("tp", "auto"):
+        from lpu.compiler.system_tp import compile_tp
+        try:
+            progs, outputs, rows = compile_tp(graph, system, stats)
+            tp = SystemProgram(system, progs, outputs, dict(graph.params), rows, "tp")
+        except LpuError:
+            if parallel == "tp":
+                raise
+            tp = None
+        if parallel == "tp":
+            return tp
+        try:
+            pp = compile_system(graph, system, stats, "pp")
+        except LpuError:
+            if tp is None:
+                raise
+            return tp
+        return tp if tp is not None and tp.predicted_cycles < pp.predicted_cycles else pp
     if system.chips == 1:
         prog = compile_graph(graph, system.machine, stats)
         prog.params = dict(graph.params)
@@ -207,7 +229,7 @@ def compile_system(graph, system: SystemConfig, stats: CompileStats | None = Non
 
 
 def compile_auto(graph, system: SystemConfig, stats: CompileStats | None = None,
-                 max_chips: int | None = None) -> SystemProgram:
+                 max_chips: int | None = None, parallel: str = "pp") -> SystemProgram:
     """The fewest chips (from the bytes of weights and states, then up while a chip runs out of
     SRAM) on which the program compiles."""
     m = system.machine
@@ -219,7 +241,7 @@ def compile_auto(graph, system: SystemConfig, stats: CompileStats | None = None,
     last = None
     while chips <= top:
         try:
-            return compile_system(graph, replace(system, chips=chips), stats)
+            return compile_system(graph, replace(system, chips=chips), stats, parallel)
         except CapacityError as e:
             last = e
             chips += 1

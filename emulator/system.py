@@ -35,13 +35,21 @@ class SystemResult:
     windows: int
 
 
+def part_index(r) -> tuple:
+    """The numpy index of a chip's part of a split tensor: `rows` holds (start, stop) of axis 0
+    (a pipeline stage's rows) or ((start, stop) per axis) (a tensor-parallel rank's part)."""
+    if len(r) == 2 and not isinstance(r[0], (tuple, list)):
+        return (slice(int(r[0]), int(r[1])),)
+    return tuple(slice(int(a), int(b)) for a, b in r)
+
+
 def chip_values(program, values: dict, rows: dict) -> dict:
-    """The values a chip loads: a split tensor's rows of axis 0 (`rows`: name -> (start, stop))."""
+    """The values a chip loads: a split tensor's part (`rows`: name -> part_index's argument)."""
     out = {}
     for s in program.symbols:
         if s.kind in LOADED and s.name in values:
             v = values[s.name]
-            out[s.name] = v[rows[s.name][0]:rows[s.name][1]] if s.name in rows else v
+            out[s.name] = v[part_index(rows[s.name])] if s.name in rows else v
     return out
 
 
@@ -53,7 +61,9 @@ KEEP_BELOW = 20_000_000     # instructions in a group: above, a chip's emulator 
 
 
 def _receives(program) -> bool:
-    return bool(np.any(program.op == O.RECV))
+    """A chip that waits for others before it computes: it receives and holds no all-reduce
+    (a tensor-parallel rank computes its part, sends, then receives)."""
+    return bool(np.any(program.op == O.RECV)) and not any(y.name.startswith("@ar") for y in program.symbols)
 
 
 class Group:
@@ -254,7 +264,7 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
         for name, arr in r.states.items():
             if name in rows:
                 whole = states.setdefault(name, np.array(values[name], copy=True))
-                whole[rows[name][0]:rows[name][1]] = arr
+                whole[part_index(rows[name])] = arr
             else:
                 states[name] = arr
     return SystemResult(outputs, states, max(r.cycles for r in chips), chips, windows)

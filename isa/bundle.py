@@ -9,7 +9,8 @@ Layout (all integers little-endian):
     length      u32      bytes after this field, up to and including the checksum
     header      u32 length, then JSON: {"system": SystemConfig.to_dict(), "outputs": {name: chip},
                 "params": {...}, "chips": N, "rows": [{name: [start, stop]} per chip]: the rows
-                of axis 0 of each split tensor a chip holds (compiler/partition.py)}
+                of axis 0 of each split tensor a chip holds (compiler/partition.py), or
+                [[start, stop] per axis] (a tensor-parallel rank's part, compiler/system_tp.py)}
     chips       N times: u32 length, then the chip's program as a one-chip .lpubin (encoding.encode)
     checksum    u32      CRC-32 of everything before it
 """
@@ -35,7 +36,8 @@ def is_bundle(data: bytes) -> bool:
 def bundle_parts(sp) -> list:
     """The bytes of a SystemProgram (compiler/system.py) as parts, one after another, the
     checksum last: a bundle of many chips is written without a whole copy of it in memory."""
-    rows = [{k: list(v) for k, v in r.items()} for r in (sp.rows or [{} for _ in sp.chips])]
+    rows = [{k: [list(x) for x in v] if v and isinstance(v[0], (tuple, list)) else list(v) for k, v in r.items()}
+            for r in (sp.rows or [{} for _ in sp.chips])]
     head = json.dumps({"system": sp.system.to_dict(), "outputs": dict(sp.outputs), "params": dict(sp.params),
                        "chips": len(sp.chips), "rows": rows}, sort_keys=True).encode()
     parts = [struct.pack("<I", len(head)), head]
@@ -85,7 +87,7 @@ def decode_bundle(data: bytes):
         raise BinaryError("corrupt system bundle: its chip programs do not fill it")
     outputs = {str(k): int(v) for k, v in head["outputs"].items()}
     try:
-        rows = [{str(k): (int(v[0]), int(v[1])) for k, v in r.items()} for r in head["rows"]]
+        rows = [{str(k): _part(v) for k, v in r.items()} for r in head["rows"]]
     except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         raise BinaryError("corrupt system bundle: bad 'rows' in its header") from None
     if len(rows) != len(progs):
@@ -95,3 +97,10 @@ def decode_bundle(data: bytes):
 
 def save_bundle(sp, path: str) -> None:
     E.write_parts(bundle_parts(sp), path)
+
+
+def _part(v) -> tuple:
+    """A chip's part of a split tensor: (start, stop) of axis 0, or ((start, stop) per axis)."""
+    if v and isinstance(v[0], list):
+        return tuple((int(a), int(b)) for a, b in v)
+    return (int(v[0]), int(v[1]))

@@ -1,0 +1,105 @@
+"""Tensor parallel on a system (`--parallel tp`): the chips of a node are the ranks of one split
+graph (compiler/tensor_split.py). Every rank runs the same program, compiled once; the host
+loads each rank's part of the split weights and states (the bundle's `rows`: per axis).
+
+An all-reduce k of a partial sum P ([.., n] f32 for a row-split matmul) is placed by the
+rank's own scheduler when P's output `@ar{k}>` is lowered (a lowering hook):
+
+  send     per byte plane of P, per link j to another rank: a chain READ -> SEND (the READ
+           after the plane's last write, by the scheduler's data rule), a link's SENDs in order
+           one slot apart; each SEND marks the plane's arrival (its cycle + the hop latency).
+  receive  per link j, per byte plane, in the order sent: a chain RECV -> WRITE into the input
+           `@ar{k}.{j}`, the RECV at or after the latest arrival of that plane from any rank
+           (every rank runs the same schedule, so a peer sends its plane when this rank sends
+           its own) and after the link's previous RECV. The sum's reads of @ar{k}.{j} wait for
+           these WRITEs (the data rule).
+
+Every transfer is so placed statically, the same on every rank: a link carries one vector per
+slot, and the emulator reports a RECV before its vector as a hazard.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lpu.compiler.chains import ChainBuilder
+from lpu.compiler.chainspec import Ins
+from lpu.compiler.driver import CompileStats, compile_graph
+from lpu.compiler.tensor_split import AR_PREFIX, TpError, ar_in, ar_out, split_graph
+from lpu.isa import opcodes as O
+from lpu.isa.errors import CapacityError, LpuError
+
+
+def _slot(sym, v: int, b: int, m) -> int:
+    return (int(sym.addrs[v, b]) * m.banks_per_slice + int(sym.banks[v, b])) * m.mem_slices + int(sym.slices[v, b])
+
+
+def _planes(sym):
+    return [(v, b) for v in range(sym.slices.shape[0]) for b in range(sym.slices.shape[1])]
+
+
+def allreduce_hook(system, ranks: int, k: int, line: int):
+    """The lowering hook of all-reduce k over `ranks` chips of a node (links 0 .. ranks-2)."""
+    m = system.machine
+    hop, slot = system.hop_cycles, system.slot_cycles
+
+    def hook(low):
+        ctx = low.ctx
+        syms = {y.name: y for y in low.symbols}
+        part = syms[ar_out(k)]
+        planes = _planes(part)
+        for v, b in planes:
+            for j in range(ranks - 1):
+                q, lp = m.c2c_queue(j), m.c2c_pos(j)
+                cb = ChainBuilder(ctx, line)
+                gi = cb.read(_slot(part, v, b, m), 1, lp, 0)
+                cb.ins.append(Ins((q,), 0, O.SEND, [0], patch=((0, gi, 0, 0),), after=((("send", j), 0),),
+                                  mark=((("send", j), slot), (("ar", k, v, b), hop))))
+                low.chains.append(cb.chain())
+        for j in range(ranks - 1):
+            q, lp = m.c2c_queue(j), m.c2c_pos(j)
+            into = syms[ar_in(k, j)]
+            for v, b in planes:
+                cb = ChainBuilder(ctx, line)
+                gi = cb.write(_slot(into, v, b, m), 1, lp, 0)
+                cb.ins.append(Ins((q,), 0, O.RECV, [0], patch=((0, gi, 0, 0),),
+                                  after=((("ar", k, v, b), 0), (("recv", j), 0)), mark=((("recv", j), 1),)))
+                low.chains.append(cb.chain())
+    return hook
+
+
+def compile_rank(tp, system, stats: CompileStats | None = None, before=None, after=None):
+    """The one program every rank of `tp` (a TpGraph) runs, its all-reduce inputs of kind link."""
+    hooks = {ar_out(k): allreduce_hook(system, tp.ranks, k, line) for k, (_, _, line) in enumerate(tp.allreduce)}
+    prog = compile_graph(tp.graph, system.machine, stats, before=before, after=after, hooks=hooks)
+    prog = replace(prog, symbols=[replace(y, kind="link") if y.kind == "input" and y.name.startswith("@") else y
+                                  for y in prog.symbols])
+    prog.params = dict(tp.graph.params)
+    return prog
+
+
+def tp_split(graph, ranks: int):
+    try:
+        return split_graph(graph, ranks)
+    except TpError as e:
+        raise LpuError(f"cannot split the program over {ranks} chips in tensor parallel: {e}") from None
+
+
+def compile_tp(graph, system, stats: CompileStats | None = None):
+    """(programs, outputs, rows) of `graph` in tensor parallel over the system's chips (one node)."""
+    n = system.chips
+    if n > system.chips_per_node:
+        raise LpuError(f"tensor parallel over {n} chips: a node has {system.chips_per_node} "
+                       f"(larger systems: --parallel pp)")
+    tp = tp_split(graph, n)
+    try:
+        prog = compile_rank(tp, system, stats)
+    except CapacityError as e:
+        raise CapacityError(f"each of {n} chips in tensor parallel: {e}", **e.info) from None
+    shapes = {name: graph.node(leaf).shape for name, leaf in graph.decls.items()}
+    rows = [{name: tp.part(name, shapes[name], r) for name in tp.split} for r in range(n)]
+    outputs = {name: 0 for name in graph.outputs}
+    return [replace(prog) for _ in range(n)], outputs, rows
+
+
+def is_link_name(name: str) -> bool:
+    return name.startswith(AR_PREFIX)
