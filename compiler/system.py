@@ -193,7 +193,8 @@ def _as_link(sym):
 def compile_system(graph, system: SystemConfig, stats: CompileStats | None = None,
                    parallel: str = "pp") -> SystemProgram:
     """Partition `graph` over system.chips chips and compile every chip. parallel: "pp"
-    (pipeline), "tp" (tensor parallel in a node, compiler/system_tp.py) or "auto" (both where
+    (pipeline), "tp" (tensor parallel in a node, or a pipeline of such nodes: compiler/system_tp.py)
+    or "auto" (both where
     tensor parallel splits the program: the one the compiler predicts faster)."""
     if system.chips > 1 and parallel in ("tp", "auto"):
         from lpu.compiler.system_tp import compile_tp
@@ -231,15 +232,20 @@ def compile_system(graph, system: SystemConfig, stats: CompileStats | None = Non
 def compile_auto(graph, system: SystemConfig, stats: CompileStats | None = None,
                  max_chips: int | None = None, parallel: str = "pp") -> SystemProgram:
     """The fewest chips (from the bytes of weights and states, then up while a chip runs out of
-    SRAM) on which the program compiles."""
+    SRAM) on which the program compiles (in tensor parallel: one node, or whole nodes)."""
     m = system.machine
     resident = sum(n.nbytes for n in graph.nodes() if n.op in ("weight", "state", "const"))
     chips = max(1, -(-resident // m.sram_bytes))
     top = max_chips or min(MAX_CHIPS, max(2 * chips, system.chips_per_node))
-    if chips > 1:             # the fewest whose stages fit, before compiling any
+    if parallel == "tp":      # each rank holds its share of the weights: from that share, in
+        chips = max(1, -(-resident // int(m.sram_bytes * FILL)))    # counts a node or whole nodes
+    elif chips > 1:           # the fewest whose stages fit, before compiling any
         chips = P.fewest_chips(graph, chips, top, int(m.sram_bytes * FILL))
     last = None
     while chips <= top:
+        if parallel == "tp" and chips > system.chips_per_node and chips % system.chips_per_node:
+            chips += 1
+            continue
         try:
             return compile_system(graph, replace(system, chips=chips), stats, parallel)
         except CapacityError as e:

@@ -85,20 +85,63 @@ def tp_split(graph, ranks: int):
 
 
 def compile_tp(graph, system, stats: CompileStats | None = None):
-    """(programs, outputs, rows) of `graph` in tensor parallel over the system's chips (one node)."""
-    n = system.chips
-    if n > system.chips_per_node:
-        raise LpuError(f"tensor parallel over {n} chips: a node has {system.chips_per_node} "
-                       f"(larger systems: --parallel pp)")
-    tp = tp_split(graph, n)
-    try:
-        prog = compile_rank(tp, system, stats)
-    except CapacityError as e:
-        raise CapacityError(f"each of {n} chips in tensor parallel: {e}", **e.info) from None
-    shapes = {name: graph.node(leaf).shape for name, leaf in graph.decls.items()}
-    rows = [{name: tp.part(name, shapes[name], r) for name in tp.split} for r in range(n)]
-    outputs = {name: 0 for name in graph.outputs}
-    return [replace(prog) for _ in range(n)], outputs, rows
+    """(programs, outputs, rows) of `graph` in tensor parallel: over the system's chips when
+    they are one node, else over each node of a pipeline of nodes (the graph cut into as many
+    stages as nodes, compiler/partition.py; rank r of a node sends what the next node needs to
+    rank r there, over their global link, as a pipeline's stages do, compiler/system.py)."""
+    from lpu.compiler import partition as P
+    from lpu.compiler.system import FILL, _persistent_layout, _recv_chains, _send_chains, _send_cycles
+    n = min(system.chips, system.chips_per_node)
+    if system.chips % n:
+        raise LpuError(f"tensor parallel over {system.chips} chips: a node has {system.chips_per_node}; "
+                       f"past one node, whole nodes form a pipeline (a multiple of {n} chips)")
+    nodes = system.chips // n
+    m = system.machine
+    if nodes == 1:
+        stages = [P.Stage(graph, [])]
+    else:
+        try:
+            cuts = P.choose_cuts(graph, nodes, int(m.sram_bytes * FILL) * n)
+        except ValueError as e:
+            raise LpuError(f"cannot split the program over {nodes} nodes: {e}") from None
+        stages = P.split(graph, cuts, lambda a, b: list(range(a, b + 1)))
+    progs, rows, outputs, inbound = [], [], {}, None
+    for s, st in enumerate(stages):
+        tp = tp_split(st.graph, n)
+        g = tp.graph
+        line_of = lambda name, g=g: g.node(g.decls.get(name, g.outputs.get(name, 0))).line  # noqa: E731
+        sends = [(P.send_name(nid), system.rank_out, line_of(P.send_name(nid))) for nid, _ in st.send]
+        log = {}
+        before = _recv_chains(system, _persistent_layout(g, m), inbound) if inbound else None
+        try:
+            prog = compile_rank(tp, system, stats, before, _send_chains(system, sends, log) if sends else None)
+        except CapacityError as e:
+            where = f"node {s} of {nodes}, " if nodes > 1 else ""
+            raise CapacityError(f"{where}each of {n} chips in tensor parallel: {e}", **e.info) from None
+        if sends:
+            hop = system.global_hop_cycles
+            inbound = [(system.rank_in, [(P.link_name(int(name[len(P.LINK_PREFIX):-1])), v, b, c + hop, line_of(name))
+                                         for (name, v, b), c in zip(log[system.rank_out],
+                                                                    _send_cycles(prog, system.rank_out))])]
+        shapes = {name: st.graph.node(leaf).shape for name, leaf in st.graph.decls.items()}
+        for r in range(n):
+            progs.append(replace(prog))
+            rows.append(_parts(tp, st.rows, shapes, r))
+        outputs.update({name: s * n for name in st.graph.outputs if not name.startswith(P.LINK_PREFIX)})
+    return progs, outputs, rows
+
+
+def _parts(tp, stage_rows: dict, shapes: dict, rank: int) -> dict:
+    """A rank's part of each split tensor of its stage: the stage's rows of axis 0, then the
+    rank's part of those (per axis)."""
+    out = {}
+    for name in set(tp.split) | set(stage_rows):
+        part = list(tp.part(name, shapes[name], rank))
+        if name in stage_rows:
+            a = stage_rows[name][0]
+            part[0] = (part[0][0] + a, part[0][1] + a)
+        out[name] = tuple(part)
+    return out
 
 
 def is_link_name(name: str) -> bool:

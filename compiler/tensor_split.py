@@ -96,8 +96,8 @@ class _Lazy(dict):
 
 
 class _Splitter:
-    def __init__(self, g: IRGraph, n: int, rank: int, axes: dict | None = None):
-        self.g, self.n, self.rank, self.axes = g, n, rank, axes
+    def __init__(self, g: IRGraph, n: int, rank: int, axes: dict | None = None, own_used=frozenset()):
+        self.g, self.n, self.rank, self.axes, self.own_used = g, n, rank, axes, own_used
         self.out = IRGraph(g.source_name, g.source)
         self.out.params = dict(g.params)
         self.pl: dict = {}            # node id -> placement
@@ -184,7 +184,7 @@ class _Splitter:
                 if n.id < first and n.op in ops.LEAVES:
                     if n.op in ("weight", "state"):
                         self.want(n.id, self.axes.get(n.id))
-                    else:
+                    elif n.id not in self.own_used:     # (a head's constants: where used)
                         self.new[n.id]
         for n in g.nodes():
             self.mark[n.id] = len(self.out)
@@ -418,10 +418,11 @@ def split_graph(graph: IRGraph, ranks: int) -> TpGraph:
     first = _Splitter(graph, ranks, 0)
     first.run()
     axes = dict(first.leaf_ax)
-    tp = _Splitter(graph, ranks, 0, axes).run()
+    own_used = {i for n in graph.nodes() if first.pl.get(n.id, REP)[0] == "own" for i in n.inputs}
+    tp = _Splitter(graph, ranks, 0, axes, own_used).run()
     sig = _signature(tp.graph)
     for r in range(1, ranks):
-        other = _Splitter(graph, ranks, r, axes).run()
+        other = _Splitter(graph, ranks, r, axes, own_used).run()
         if _signature(other.graph) != sig:
             raise TpError(f"{graph.source_name}: the ranks' parts differ (rank {r} is not rank 0's like); "
                           f"the graph is not split {ranks} ways")

@@ -20,7 +20,6 @@ import numpy as np
 from lpu.emulator import cluster
 from lpu.emulator.c2c import H_LINK_UNREAD, ChipRun
 from lpu.emulator.run import HazardError
-from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
 
 LOADED = ("input", "weight", "state")
@@ -61,9 +60,9 @@ KEEP_BELOW = 20_000_000     # instructions in a group: above, a chip's emulator 
 
 
 def _receives(program) -> bool:
-    """A chip that waits for others before it computes: it receives and holds no all-reduce
-    (a tensor-parallel rank computes its part, sends, then receives)."""
-    return bool(np.any(program.op == O.RECV)) and not any(y.name.startswith("@ar") for y in program.symbols)
+    """A chip that waits for another before it computes: it receives a pipeline stage's input
+    (a tensor-parallel rank's all-reduces, `@ar...`, come after its own work)."""
+    return any(y.kind == "link" and not y.name.startswith("@ar") for y in program.symbols)
 
 
 class Group:

@@ -113,8 +113,8 @@ def test_what_does_not_split_says_so_and_auto_falls_back():
     with pytest.raises(LpuError, match="tensor parallel"):
         compile_system(one, tiny_system(2), parallel="tp")
     assert compile_system(one, tiny_system(2), parallel="auto").parallel == "pp"
-    with pytest.raises(LpuError, match="a node has 8"):
-        compile_system(graph_of(LLAMA, SMALL_LLAMA), tiny_system(16), parallel="tp")
+    with pytest.raises(LpuError, match="a multiple of 8 chips"):
+        compile_system(graph_of(LLAMA, SMALL_LLAMA), tiny_system(12), parallel="tp")
 
 
 def test_cli_bundle_round_trip(tmp_path, capsys):
@@ -125,3 +125,22 @@ def test_cli_bundle_round_trip(tmp_path, capsys):
     assert main(["run", out, "--check"]) == 0
     assert "check: ok" in capsys.readouterr().out
     assert main(["verify", out]) == 0
+
+
+def test_two_nodes_of_eight_ranks_form_a_pipeline():
+    params = dict(SMALL_LLAMA, H=8)
+    g = graph_of(LLAMA, params)
+    sp = compile_system(g, tiny_system(16), parallel="tp")
+    s = sp.system
+    assert len(sp.chips) == 16 and sp.outputs == {"y": 8}
+    assert s.link_between(3, 11) == (s.rank_out, s.rank_in) and s.peer(11, s.rank_in) == 3
+    assert s.route(3, 11) == list(range(3, 12))          # a pipeline keeps its path (relays)
+    # the second node's ranks receive the residual from the same rank of the first, over their global link
+    first, second = sp.chips[0], sp.chips[8]
+    assert not np.any(first.queue[first.op == O.RECV] == first.machine.c2c_queue(s.rank_in))
+    assert np.any(second.queue[second.op == O.RECV] == second.machine.c2c_queue(s.rank_in))
+    assert sp.rows[9]["wq"] == ((1, 2), (0, 64), (8, 16))       # node 1 holds layer 1; rank 1 its columns
+    vals = random_values(g, 5)
+    r = run_system(sp, vals)
+    assert r.cycles == sp.predicted_cycles and api.check(g, sp.chips[8], vals, r)["ok"]
+    assert sp.chips[8].predicted_cycles > sp.chips[0].predicted_cycles + s.global_hop_cycles
