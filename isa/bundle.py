@@ -16,6 +16,7 @@ Layout (all integers little-endian):
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import zlib
@@ -73,13 +74,20 @@ def decode_bundle(data: bytes):
         head = json.loads(data[pos + 4:pos + 4 + n].decode())
         pos += 4 + n
         system = SystemConfig.from_stored(head["system"])
-        progs = []
+        progs, seen = [], {}
         for c in range(int(head["chips"])):
             (n,) = struct.unpack_from("<I", data, pos)
-            try:
-                progs.append(E.decode(view[pos + 4:pos + 4 + n], system.machine))
-            except BinaryError as e:
-                raise BinaryError(f"chip {c}: {e.message}") from None
+            blob = view[pos + 4:pos + 4 + n]
+            key = (n, zlib.crc32(blob))
+            twin = seen.get(key)
+            if twin is not None and view[twin[0]:twin[0] + n] == blob:   # the same program (tensor-parallel
+                progs.append(dataclasses.replace(twin[1]))                # ranks): its arrays shared
+            else:
+                try:
+                    progs.append(E.decode(blob, system.machine))
+                except BinaryError as e:
+                    raise BinaryError(f"chip {c}: {e.message}") from None
+                seen[key] = (pos + 4, progs[-1])
             pos += 4 + n
     except (struct.error, ValueError, KeyError, TypeError) as e:
         raise BinaryError(f"corrupt system bundle: {e}") from None
