@@ -21,46 +21,40 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from lpu.compiler import partition as P
 from lpu.compiler.chains import ChainBuilder
 from lpu.compiler.chainspec import Ins
 from lpu.compiler.driver import CompileStats, compile_graph
+from lpu.compiler.links import FILL, persistent_layout, planes, recv_chains, send_chains, send_cycles, slot
 from lpu.compiler.tensor_split import AR_PREFIX, TpError, ar_in, ar_out, split_graph
 from lpu.isa import opcodes as O
 from lpu.isa.errors import CapacityError, LpuError
 
 
-def _slot(sym, v: int, b: int, m) -> int:
-    return (int(sym.addrs[v, b]) * m.banks_per_slice + int(sym.banks[v, b])) * m.mem_slices + int(sym.slices[v, b])
-
-
-def _planes(sym):
-    return [(v, b) for v in range(sym.slices.shape[0]) for b in range(sym.slices.shape[1])]
-
-
 def allreduce_hook(system, ranks: int, k: int, line: int):
     """The lowering hook of all-reduce k over `ranks` chips of a node (links 0 .. ranks-2)."""
     m = system.machine
-    hop, slot = system.hop_cycles, system.slot_cycles
+    hop, slot_cycles = system.hop_cycles, system.slot_cycles
 
     def hook(low):
         ctx = low.ctx
         syms = {y.name: y for y in low.symbols}
         part = syms[ar_out(k)]
-        planes = _planes(part)
-        for v, b in planes:
+        vectors = planes(part)
+        for v, b in vectors:
             for j in range(ranks - 1):
                 q, lp = m.c2c_queue(j), m.c2c_pos(j)
                 cb = ChainBuilder(ctx, line)
-                gi = cb.read(_slot(part, v, b, m), 1, lp, 0)
+                gi = cb.read(slot(part, v, b, m), 1, lp, 0)
                 cb.ins.append(Ins((q,), 0, O.SEND, [0], patch=((0, gi, 0, 0),), after=((("send", j), 0),),
-                                  mark=((("send", j), slot), (("ar", k, v, b), hop))))
+                                  mark=((("send", j), slot_cycles), (("ar", k, v, b), hop))))
                 low.chains.append(cb.chain())
         for j in range(ranks - 1):
             q, lp = m.c2c_queue(j), m.c2c_pos(j)
             into = syms[ar_in(k, j)]
-            for v, b in planes:
+            for v, b in vectors:
                 cb = ChainBuilder(ctx, line)
-                gi = cb.write(_slot(into, v, b, m), 1, lp, 0)
+                gi = cb.write(slot(into, v, b, m), 1, lp, 0)
                 cb.ins.append(Ins((q,), 0, O.RECV, [0], patch=((0, gi, 0, 0),),
                                   after=((("ar", k, v, b), 0), (("recv", j), 0)), mark=((("recv", j), 1),)))
                 low.chains.append(cb.chain())
@@ -89,8 +83,6 @@ def compile_tp(graph, system, stats: CompileStats | None = None):
     they are one node, else over each node of a pipeline of nodes (the graph cut into as many
     stages as nodes, compiler/partition.py; rank r of a node sends what the next node needs to
     rank r there, over their global link, as a pipeline's stages do, compiler/system.py)."""
-    from lpu.compiler import partition as P
-    from lpu.compiler.system import FILL, _persistent_layout, _recv_chains, _send_chains, _send_cycles
     n = min(system.chips, system.chips_per_node)
     if system.chips % n:
         raise LpuError(f"tensor parallel over {system.chips} chips: a node has {system.chips_per_node}; "
@@ -112,9 +104,9 @@ def compile_tp(graph, system, stats: CompileStats | None = None):
         line_of = lambda name, g=g: g.node(g.decls.get(name, g.outputs.get(name, 0))).line  # noqa: E731
         sends = [(P.send_name(nid), system.rank_out, line_of(P.send_name(nid))) for nid, _ in st.send]
         log = {}
-        before = _recv_chains(system, _persistent_layout(g, m), inbound) if inbound else None
+        before = recv_chains(system, persistent_layout(g, m), inbound) if inbound else None
         try:
-            prog = compile_rank(tp, system, stats, before, _send_chains(system, sends, log) if sends else None)
+            prog = compile_rank(tp, system, stats, before, send_chains(system, sends, log) if sends else None)
         except CapacityError as e:
             where = f"node {s} of {nodes}, " if nodes > 1 else ""
             raise CapacityError(f"{where}each of {n} chips in tensor parallel: {e}", **e.info) from None
@@ -122,7 +114,7 @@ def compile_tp(graph, system, stats: CompileStats | None = None):
             hop = system.global_hop_cycles
             inbound = [(system.rank_in, [(P.link_name(int(name[len(P.LINK_PREFIX):-1])), v, b, c + hop, line_of(name))
                                          for (name, v, b), c in zip(log[system.rank_out],
-                                                                    _send_cycles(prog, system.rank_out))])]
+                                                                    send_cycles(prog, system.rank_out))])]
         shapes = {name: st.graph.node(leaf).shape for name, leaf in st.graph.decls.items()}
         for r in range(n):
             progs.append(replace(prog))
