@@ -1,6 +1,6 @@
 """Child process of the system benchmark (benchmarks/systems.py), so that each figure has its
-own peak resident memory: `compile PROG.lpu CHIPS OUT.lpubin [NAME=V ...]` compiles for a
-system (pipeline parallel) and writes the bundle; `run OUT.lpubin WORKERS [check] [warm]` emulates it (warm: once before the
+own peak resident memory: `compile PROG.lpu CHIPS OUT.lpubin [NAME=V ...] [--parallel=pp|tp|auto]`
+compiles for a system and writes the bundle; `run OUT.lpubin WORKERS [check] [warm]` emulates it (warm: once before the
 timed run); `one PROG.lpu [NAME=V ...]` runs a program on one chip in the plain emulator.
 Prints one JSON line (wall time, peak RSS = ru_maxrss, cycles, ...)."""
 from __future__ import annotations
@@ -22,12 +22,15 @@ def main(argv: list[str]) -> int:
     mode, path = argv[0], argv[1]
     if mode == "compile":
         from lpu.isa.bundle import save_bundle
-        chips, out, params = argv[2], argv[3], argv[4:]
+        chips, out, params = argv[2], argv[3], [p for p in argv[4:] if not p.startswith("--parallel=")]
+        parallel = next((p.split("=", 1)[1] for p in argv[4:] if p.startswith("--parallel=")), "pp")
         t0 = time.perf_counter()
-        sp, _ = compile_for(SimpleNamespace(program=path, params=params, machine=None, chips=chips), CompileStats())
+        sp, _ = compile_for(SimpleNamespace(program=path, params=params, machine=None, chips=chips, parallel=parallel),
+                            CompileStats())
         wall = time.perf_counter() - t0
         save_bundle(sp, out)
-        print(json.dumps({"wall_s": wall, "peak_rss_bytes": _peak(), "chips": len(sp.chips),
+        print(json.dumps({"wall_s": wall, "cpu_s": time.process_time(), "peak_rss_bytes": _peak(),
+                          "chips": len(sp.chips), "parallel": sp.parallel,
                           "predicted_cycles": int(sp.predicted_cycles), "instructions": int(sp.n_instructions),
                           "per_chip_cycles": [int(p.predicted_cycles) for p in sp.chips]}))
         return 0

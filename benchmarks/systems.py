@@ -7,8 +7,11 @@ a child process (benchmarks/sysprobe.py): its own wall time and peak resident me
   (benchmarks/bounds.py system_bounds).
 - llama2_7b_decode on --chips auto: compile wall time and peak RSS, tokens/s beside the modelled
   H100 and 8 x H100 (gpu_baseline, tensor parallel over NVLink).
+- llama2_7b_decode on --chips auto --parallel tp (nodes of 8 ranks): compile CPU time, tokens/s
+  beside the same GPUs and the tensor-parallel bound, emulated == predicted.
 - Emulation speed of a system: instructions/s of bert_large (one layer a chip) on 4 chips in
-  one process against one layer on one chip, and --workers 2 against one process."""
+  one process against one layer on one chip, and --workers 2 against one process, for that
+  pipeline and for 8 chips in tensor parallel (llama2_7b_decode L=2)."""
 from __future__ import annotations
 
 import json
@@ -95,6 +98,7 @@ def llama(b, d) -> list:
             item(sec, "llama2_7b_decode: tensor-parallel bound, tokens/s", round(m.clock_mhz * 1e6 / bd["tp"]), "tokens/s"),
             item(sec, "llama2_7b_decode: H100 (modelled) tokens/s", round(1e6 / one), "tokens/s"),
             item(sec, "llama2_7b_decode: 8 x H100 (modelled, tensor parallel) tokens/s", round(1e6 / eight), "tokens/s")]
+    out += llama_tp(b, d, path, g, one, eight)
     b.log("emulating llama2_7b_decode")
     try:
         r = probe("run", bundle, 0, "check")
@@ -104,6 +108,46 @@ def llama(b, d) -> list:
     except Exception as e:   # noqa: BLE001
         out.append(failed(sec, "llama2_7b_decode: emulated == predicted, check", e, "equal, ok"))
     return out
+
+
+def llama_tp(b, d, path, g, one_us, eight_us) -> list:
+    """llama2_7b_decode with --parallel tp --chips auto: nodes of 8 ranks, a pipeline of nodes."""
+    sec, m = "system", b.machine
+    bundle = os.path.join(d, "llama_tp.lpubin")
+    b.log("compiling llama2_7b_decode for --chips auto --parallel tp")
+    c = probe("compile", path, "auto", bundle, "--parallel=tp")
+    tps = m.clock_mhz * 1e6 / c["predicted_cycles"]
+    bd = B.system_bounds(g, m, _system(b, c["chips"]), c["chips"])
+    out = [item(sec, "llama2_7b_decode --chips auto --parallel tp: compile CPU time", round(c["cpu_s"], 1), "s",
+                "<= 60", c["cpu_s"] <= 60, wall_s=round(c["wall_s"], 1), chips=c["chips"],
+                peak_rss_gib=round(c["peak_rss_bytes"] / 2**30, 2), instructions=c["instructions"]),
+           item(sec, f"llama2_7b_decode on {c['chips']} chips (tensor parallel): tokens/s", round(tps), "tokens/s",
+                cycles=c["predicted_cycles"], vs_h100=round(tps * one_us / 1e6, 2),
+                vs_8xh100=round(tps * eight_us / 1e6, 2)),
+           item(sec, "llama2_7b_decode (tensor parallel): cycles / tensor-parallel bound",
+                round(c["predicted_cycles"] / bd["tp"], 2), "x", bounds=bd)]
+    b.log("emulating llama2_7b_decode in tensor parallel")
+    try:
+        r = probe("run", bundle, 0)
+        out.append(item(sec, "llama2_7b_decode (tensor parallel): emulated == predicted", f"{r['cycles']:,}", "",
+                        "equal", r["cycles"] == c["predicted_cycles"], wall_s=round(r["wall_s"], 1),
+                        peak_rss_gib=round(r["peak_rss_bytes"] / 2**30, 2)))
+    except Exception as e:   # noqa: BLE001
+        out.append(failed(sec, "llama2_7b_decode (tensor parallel): emulated == predicted", e, "equal"))
+    return out
+
+
+def speed_tp(b, d) -> list:
+    """--workers 2 on a system whose chips work at the same time: llama2_7b_decode L=2 on one node
+    of 8 chips in tensor parallel (fresh processes, as `lpu run` is)."""
+    path, bundle = os.path.join(SYSTEMS, "llama2_7b_decode.lpu"), os.path.join(d, "llama_tp8.lpubin")
+    b.log("emulation speed: llama2_7b_decode L=2 on 8 chips in tensor parallel, --workers 2")
+    probe("compile", path, 8, bundle, "L=2", "--parallel=tp")
+    cold1, cold2 = probe("run", bundle, 0), probe("run", bundle, 2)
+    x = cold2["wall_s"] / cold1["wall_s"]
+    return [item("system", "system emulation: --workers 2 wall / one process (8 chips in tensor parallel)",
+                 round(x, 2), "x", "<= 0.65", x <= 0.65, one_process_s=round(cold1["wall_s"], 2),
+                 workers2_s=round(cold2["wall_s"], 2))]
 
 
 def speed(b, d) -> list:
@@ -132,7 +176,7 @@ def systems(b) -> list:
                      skipped="--quick" if b.quick else "full-size programs: tsp-v1 only")]
     out = []
     with tempfile.TemporaryDirectory() as d:
-        for part in (speed, bert_large, llama):
+        for part in (speed, speed_tp, bert_large, llama):
             try:
                 out += part(b, d)
             except Exception as e:   # noqa: BLE001 - report and go on

@@ -31,24 +31,25 @@ class CompileStats:
 
 
 def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None,
-                  repeat: bool = True, before=None, after=None) -> Program:
+                  repeat: bool = True, before=None, after=None, hooks=None) -> Program:
     """The back end (repeat=False: no REPEAT in the stream, every instruction spelled out).
     The cyclic garbage collector is paused meanwhile: lowering creates
     millions of small acyclic objects, and its passes over them cost more than the work.
     before(sched, reg) places chains ahead of the program's, after(sched, reg, low) after them
-    (a chip of a system: its link receives and sends, compiler/system.py)."""
+    (a chip of a system: its link receives and sends, compiler/system.py); hooks: output name ->
+    fn(lowerer), called when that output is lowered (a tensor-parallel rank's all-reduces)."""
     was_enabled = gc.isenabled()
     check_size(graph, machine)            # limit 'vector_ops', before any lowering
     gc.disable()
     try:
-        return _compile_graph(graph, machine, stats, repeat, before, after)
+        return _compile_graph(graph, machine, stats, repeat, before, after, hooks)
     finally:
         if was_enabled:
             gc.enable()
 
 
 def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None, repeat: bool,
-                   before=None, after=None) -> Program:
+                   before=None, after=None, hooks=None) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
     graph = heads_rope(split_joins(pack_heads(rewrite(graph, machine.lanes), machine.lanes), machine.lanes),
@@ -66,7 +67,7 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
     stats.stage = "lower and schedule"
     if before is not None:
         before(sched, reg)
-    low = lower(graph, machine, sink, reg)
+    low = lower(graph, machine, sink, reg, hooks)
     if after is not None:
         after(sched, reg, low)
     t1 = time.perf_counter() - placing[0]     # lowering's own time ends here

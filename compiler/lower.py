@@ -58,8 +58,9 @@ def _index_grid(grid, idx, shape, lanes):
 
 
 class Lowerer:
-    def __init__(self, graph: IRGraph, machine, reg: Registry):
+    def __init__(self, graph: IRGraph, machine, reg: Registry, hooks=None):
         self.g = graph
+        self.hooks = hooks or {}      # output name -> fn(lowerer): more chains after the output's
         self.m = machine
         self.lanes = machine.lanes
         self.alloc = SlotAllocator(machine)
@@ -307,6 +308,8 @@ class Lowerer:
             L.copy(self, srcn, self.grid[src], grid, srcn.dtype, n)
         self.grid[n.id] = grid
         self.symbol(name, "output", srcn.dtype, srcn.shape, grid)
+        if name in self.hooks:               # a chip of a system: its all-reduce transfers
+            self.hooks[name](self)
 
 
 def _region_size(shape, width, lanes, period) -> int:
@@ -315,5 +318,5 @@ def _region_size(shape, width, lanes, period) -> int:
     return int(np.prod(grid_shape(shape, lanes))) * width
 
 
-def lower(graph: IRGraph, machine, sink, reg: Registry) -> Lowered:
-    return Lowerer(graph, machine, reg).run(sink)
+def lower(graph: IRGraph, machine, sink, reg: Registry, hooks=None) -> Lowered:
+    return Lowerer(graph, machine, reg, hooks).run(sink)

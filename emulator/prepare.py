@@ -140,7 +140,9 @@ def prepare(program: Program, schedule) -> Prepared:
     while ring_size < 2 * (m.n_positions + max(m.latency.values()) + 1):
         ring_size *= 2
     loaded = np.concatenate(loaded) if loaded else np.zeros(0, np.int64)
-    unloaded = np.setdiff1d(np.arange(max(nrows, 1), dtype=np.int64), loaded)
+    free = np.ones(max(nrows, 1), bool)          # (a mask: setdiff1d hashes every row, seconds on a large chip)
+    free[loaded] = False
+    unloaded = np.flatnonzero(free).astype(np.int64)
     prep = Prepared(s, cop[s.op], cunit[s.op], uidx, upos, base, lo, nrows, sym_rows, loaded, unloaded, tables,
                     ring_size)
     program.__dict__["_emulator_prepared"] = (key, prep)

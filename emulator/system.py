@@ -20,7 +20,6 @@ import numpy as np
 from lpu.emulator import cluster
 from lpu.emulator.c2c import H_LINK_UNREAD, ChipRun
 from lpu.emulator.run import HazardError
-from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
 
 LOADED = ("input", "weight", "state")
@@ -35,13 +34,21 @@ class SystemResult:
     windows: int
 
 
+def part_index(r) -> tuple:
+    """The numpy index of a chip's part of a split tensor: `rows` holds (start, stop) of axis 0
+    (a pipeline stage's rows) or ((start, stop) per axis) (a tensor-parallel rank's part)."""
+    if len(r) == 2 and not isinstance(r[0], (tuple, list)):
+        return (slice(int(r[0]), int(r[1])),)
+    return tuple(slice(int(a), int(b)) for a, b in r)
+
+
 def chip_values(program, values: dict, rows: dict) -> dict:
-    """The values a chip loads: a split tensor's rows of axis 0 (`rows`: name -> (start, stop))."""
+    """The values a chip loads: a split tensor's part (`rows`: name -> part_index's argument)."""
     out = {}
     for s in program.symbols:
         if s.kind in LOADED and s.name in values:
             v = values[s.name]
-            out[s.name] = v[rows[s.name][0]:rows[s.name][1]] if s.name in rows else v
+            out[s.name] = v[part_index(rows[s.name])] if s.name in rows else v
     return out
 
 
@@ -53,7 +60,22 @@ KEEP_BELOW = 20_000_000     # instructions in a group: above, a chip's emulator 
 
 
 def _receives(program) -> bool:
-    return bool(np.any(program.op == O.RECV))
+    """A chip that waits for another before it computes: it receives a pipeline stage's input
+    (a tensor-parallel rank's all-reduces, `@ar...`, come after its own work)."""
+    return any(y.kind == "link" and not y.name.startswith("@ar") for y in program.symbols)
+
+
+def _share_prepared(p, running) -> None:
+    """A chip whose program is another running chip's (the same arrays: a tensor-parallel node's
+    ranks) takes that chip's preparation (schedule, layout) with its own SRAM image and unit
+    state, instead of preparing it again."""
+    for q in running:
+        hit = q.__dict__.get("_emulator_prepared")
+        if q is not p and q.op is p.op and q.args is p.args and q.symbols is p.symbols and hit is not None:
+            key = (p.queue, p.op, p.args, p.tables, p.symbols, p.machine)
+            if all(a is b for a, b in zip(hit[0], key)):
+                p.__dict__["_emulator_prepared"] = (key, dataclasses.replace(hit[1], workspace=None, mem=None))
+            return
 
 
 class Group:
@@ -76,6 +98,7 @@ class Group:
 
     def _start(self, c: int) -> None:
         p, v = self.waiting.pop(c)
+        _share_prepared(p, [r.program for r in self.runs.values()])
         self.runs[c] = ChipRun(c, p, v, self.slot, trace=self.trace)
 
     def _end(self, c: int) -> None:
@@ -254,7 +277,7 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
         for name, arr in r.states.items():
             if name in rows:
                 whole = states.setdefault(name, np.array(values[name], copy=True))
-                whole[rows[name][0]:rows[name][1]] = arr
+                whole[part_index(rows[name])] = arr
             else:
                 states[name] = arr
     return SystemResult(outputs, states, max(r.cycles for r in chips), chips, windows)

@@ -9,12 +9,14 @@ Layout (all integers little-endian):
     length      u32      bytes after this field, up to and including the checksum
     header      u32 length, then JSON: {"system": SystemConfig.to_dict(), "outputs": {name: chip},
                 "params": {...}, "chips": N, "rows": [{name: [start, stop]} per chip]: the rows
-                of axis 0 of each split tensor a chip holds (compiler/partition.py)}
+                of axis 0 of each split tensor a chip holds (compiler/partition.py), or
+                [[start, stop] per axis] (a tensor-parallel rank's part, compiler/system_tp.py)}
     chips       N times: u32 length, then the chip's program as a one-chip .lpubin (encoding.encode)
     checksum    u32      CRC-32 of everything before it
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import zlib
@@ -35,7 +37,8 @@ def is_bundle(data: bytes) -> bool:
 def bundle_parts(sp) -> list:
     """The bytes of a SystemProgram (compiler/system.py) as parts, one after another, the
     checksum last: a bundle of many chips is written without a whole copy of it in memory."""
-    rows = [{k: list(v) for k, v in r.items()} for r in (sp.rows or [{} for _ in sp.chips])]
+    rows = [{k: [list(x) for x in v] if v and isinstance(v[0], (tuple, list)) else list(v) for k, v in r.items()}
+            for r in (sp.rows or [{} for _ in sp.chips])]
     head = json.dumps({"system": sp.system.to_dict(), "outputs": dict(sp.outputs), "params": dict(sp.params),
                        "chips": len(sp.chips), "rows": rows}, sort_keys=True).encode()
     parts = [struct.pack("<I", len(head)), head]
@@ -71,13 +74,20 @@ def decode_bundle(data: bytes):
         head = json.loads(data[pos + 4:pos + 4 + n].decode())
         pos += 4 + n
         system = SystemConfig.from_stored(head["system"])
-        progs = []
+        progs, seen = [], {}
         for c in range(int(head["chips"])):
             (n,) = struct.unpack_from("<I", data, pos)
-            try:
-                progs.append(E.decode(view[pos + 4:pos + 4 + n], system.machine))
-            except BinaryError as e:
-                raise BinaryError(f"chip {c}: {e.message}") from None
+            blob = view[pos + 4:pos + 4 + n]
+            key = (n, zlib.crc32(blob))
+            twin = seen.get(key)
+            if twin is not None and view[twin[0]:twin[0] + n] == blob:   # the same program (tensor-parallel
+                progs.append(dataclasses.replace(twin[1]))                # ranks): its arrays shared
+            else:
+                try:
+                    progs.append(E.decode(blob, system.machine))
+                except BinaryError as e:
+                    raise BinaryError(f"chip {c}: {e.message}") from None
+                seen[key] = (pos + 4, progs[-1])
             pos += 4 + n
     except (struct.error, ValueError, KeyError, TypeError) as e:
         raise BinaryError(f"corrupt system bundle: {e}") from None
@@ -85,7 +95,7 @@ def decode_bundle(data: bytes):
         raise BinaryError("corrupt system bundle: its chip programs do not fill it")
     outputs = {str(k): int(v) for k, v in head["outputs"].items()}
     try:
-        rows = [{str(k): (int(v[0]), int(v[1])) for k, v in r.items()} for r in head["rows"]]
+        rows = [{str(k): _part(v) for k, v in r.items()} for r in head["rows"]]
     except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         raise BinaryError("corrupt system bundle: bad 'rows' in its header") from None
     if len(rows) != len(progs):
@@ -95,3 +105,10 @@ def decode_bundle(data: bytes):
 
 def save_bundle(sp, path: str) -> None:
     E.write_parts(bundle_parts(sp), path)
+
+
+def _part(v) -> tuple:
+    """A chip's part of a split tensor: (start, stop) of axis 0, or ((start, stop) per axis)."""
+    if v and isinstance(v[0], list):
+        return tuple((int(a), int(b)) for a, b in v)
+    return (int(v[0]), int(v[1]))

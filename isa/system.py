@@ -5,8 +5,10 @@ The chip is a `MachineConfig` (every chip of a system is the same). Chips are nu
 a's local link j (0 .. local_links-1) goes to the j-th other chip of its node, in chip order.
 Of the global links (P22: nodes join as a Dragonfly's groups), the model wires one chain for
 pipelines (an assumption): global link `local_links` of a node's last chip goes to global link
-`local_links + 1` of the next node's first chip. A vector between chips with no direct link is
-relayed by every chip in between (`route`).
+`local_links + 1` of the next node's first chip; and, for pipelines of tensor-parallel nodes,
+global link `local_links + 2` of every chip c goes to global link `local_links + 3` of chip
+c + chips_per_node (the same rank of the next node). A vector between chips with no direct
+link is relayed by every chip in between (`route`).
 
 A link carries one vector (one byte plane of `machine.lanes` bytes) per slot of `slot_cycles`
 cycles in each direction, and delivers it `hop_cycles` after it was sent. docs/system.md has
@@ -132,21 +134,41 @@ class SystemConfig:
     def global_in(self) -> int:
         return int(self.topology["local_links"]) + 1
 
+    @property
+    def rank_out(self) -> int:
+        """The global link from a chip to the same rank of the next node (`rank_in` there)."""
+        return int(self.topology["local_links"]) + 2
+
+    @property
+    def rank_in(self) -> int:
+        return int(self.topology["local_links"]) + 3
+
+    def _ranked(self) -> bool:
+        return self.topology["global_links"] >= 4
+
     def direct(self, a: int, b: int) -> bool:
-        """Chips a and b share a link: one node, or a node's last chip and the next node's first."""
+        """Chips a and b share a link on a pipeline's path: one node, or a node's last chip and
+        the next node's first (the links between the same ranks of two nodes: `rank_pair`)."""
         if a == b or not (0 <= a < self.chips and 0 <= b < self.chips):
             return False
         return self.node_of(a) == self.node_of(b) or (min(a, b) + 1 == max(a, b)
                                                       and max(a, b) % self.chips_per_node == 0)
 
+    def rank_pair(self, a: int, b: int) -> bool:
+        """Chips a and b are the same rank of two neighbouring nodes (a tensor-parallel pipeline)."""
+        return (self._ranked() and abs(a - b) == self.chips_per_node and 0 <= min(a, b)
+                and max(a, b) < self.chips)
+
     def link_between(self, a: int, b: int) -> tuple[int, int]:
         """(link on chip a, link on chip b) of the direct link between chips a and b (ConfigError
         if there is none: `direct`)."""
-        if not self.direct(a, b):
+        if not (self.direct(a, b) or self.rank_pair(a, b)):
             raise ConfigError(f"no direct link between chips {a} and {b} of a {self.chips}-chip system "
                               f"({self.chips_per_node} chips a node)")
         if self.node_of(a) != self.node_of(b):
-            return (self.global_out, self.global_in) if a < b else (self.global_in, self.global_out)
+            if self.direct(a, b):
+                return (self.global_out, self.global_in) if a < b else (self.global_in, self.global_out)
+            return (self.rank_out, self.rank_in) if a < b else (self.rank_in, self.rank_out)
         la, lb = a % self.chips_per_node, b % self.chips_per_node
         return (lb if lb < la else lb - 1), (la if la < lb else la - 1)
 
@@ -166,6 +188,10 @@ class SystemConfig:
             return chip + 1 if chip % n == n - 1 and chip + 1 < self.chips else -1
         if link == self.global_in:
             return chip - 1 if chip % n == 0 and chip > 0 else -1
+        if self._ranked() and link == self.rank_out:
+            return chip + n if chip + n < self.chips else -1
+        if self._ranked() and link == self.rank_in:
+            return chip - n if chip >= n else -1
         if link >= n - 1:
             return -1
         local = chip % n

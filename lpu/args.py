@@ -44,6 +44,10 @@ def add_chips(p, run: bool = False) -> None:
     p.add_argument("--chips", metavar="N|auto", default=None,
                    help="partition the program over N chips of a node (pipeline parallel; isa/systems/node.toml), "
                         "or the fewest that fit ('auto')")
+    p.add_argument("--parallel", choices=("pp", "tp", "auto"), default="pp",
+                   help="with several chips: pipeline parallel (pp, the default), tensor parallel in a node (tp: "
+                        "weights split by columns and rows, all-reduces on the links), or the one the compiler "
+                        "predicts faster (auto)")
     if run:
         p.add_argument("--workers", type=int, default=0, metavar="N",
                        help="with several chips: emulate them in N local processes (default: this one)")

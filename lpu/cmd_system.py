@@ -76,7 +76,8 @@ def compile_for(a, stats):
         if differ:
             raise LpuError(f"{path}: -p {differ[0]}={params[differ[0]]}: the bundle was compiled with "
                            f"{differ[0]}={bparams.get(differ[0])}; recompile the program with the new values")
-        sp = SystemProgram(system, progs, outputs, bparams, rows)
+        tp = any(v and isinstance(v[0], tuple) for r in rows for v in r.values())
+        sp = SystemProgram(system, progs, outputs, bparams, rows, "tp" if tp else "pp")
         return sp, _graph_of_bundle(sp)
     if not os.path.isfile(path):
         raise LpuError(f"{path}: no such file")
@@ -85,10 +86,11 @@ def compile_for(a, stats):
     system = SystemConfig.load(getattr(a, "system", None) or "node", machine_of(a.machine), 1)
     chips = parse_chips(a.chips) or 1
     t0 = time.perf_counter()
+    parallel = getattr(a, "parallel", None) or "pp"
     if chips == "auto":
-        sp = compile_auto(graph, system, stats)
+        sp = compile_auto(graph, system, stats, parallel=parallel)
     else:
-        sp = compile_system(graph, replace(system, chips=chips), stats)
+        sp = compile_system(graph, replace(system, chips=chips), stats, parallel)
     stats.pass_seconds.setdefault("system", time.perf_counter() - t0)
     return sp, graph
 
@@ -112,16 +114,19 @@ def _graph_of_bundle(sp):
 def declared(sp):
     """Every input, weight and state of the system's chips, once (a stand-in Program for
     api.inputs_for)."""
+    from lpu.emulator.system import part_index
     seen, length = {}, {}
     for c, p in enumerate(sp.chips):
         rows = sp.rows[c] if sp.rows else {}
         for s in p.symbols:
             if s.kind in LOADED and s.name not in seen:
                 seen[s.name] = s
-            if s.name in rows:                  # a split tensor: as long as the last row held
-                length[s.name] = max(length.get(s.name, 0), rows[s.name][1])
-    return SimpleNamespace(symbols=[replace(s, shape=(length[s.name],) + tuple(s.shape[1:])) if s.name in length else s
-                                    for s in seen.values()])
+            if s.name in rows:                  # a split tensor: as long as the last part held, per axis
+                stops = [ix.stop for ix in part_index(rows[s.name])]
+                old = length.get(s.name, [0] * len(stops))
+                length[s.name] = [max(a, b) for a, b in zip(old, stops)]
+    return SimpleNamespace(symbols=[replace(s, shape=tuple(length[s.name]) + tuple(s.shape[len(length[s.name]):]))
+                                    if s.name in length else s for s in seen.values()])
 
 
 def per_chip_compile(sp) -> list:
@@ -135,6 +140,7 @@ def compile_info(a, sp) -> dict:
     m = sp.system.machine
     chips = per_chip_compile(sp)
     return {"program": sp.chips[0].source_name or a.program, "machine": m.name, "chips": len(sp.chips),
+            "parallel": sp.parallel,
             "instructions": sp.n_instructions, "predicted_cycles": int(sp.predicted_cycles),
             "time_us": sp.predicted_cycles / m.clock_mhz,
             "sram_bytes": max(c["resident_bytes"] for c in chips), "chips_needed": len(sp.chips),
@@ -154,7 +160,7 @@ def cmd_compile(a, stats) -> int:
     if a.json:
         print(json.dumps(info))
     else:
-        print(f"{a.program}: {len(sp.chips)} chips, {info['instructions']:,} instructions, {info['predicted_cycles']:,} "
+        print(f"{a.program}: {len(sp.chips)} chips ({sp.parallel}), {info['instructions']:,} instructions, {info['predicted_cycles']:,} "
               f"cycles ({info['time_us']:.2f} us at {sp.system.machine.clock_mhz} MHz)"
               + (f", written to {a.output}" if a.output else ""))
         for c in info["per_chip"]:

@@ -1,0 +1,146 @@
+"""Tensor parallel over the chips of a node (compiler/tensor_split.py, compiler/system_tp.py):
+the split, the all-reduces on the links, and the system emulator's agreement with the
+reference and with the compiler's predictions, on the tiny machine."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+from lpu import api
+from lpu.cli import main
+from lpu.compiler.frontend import elaborate_source
+from lpu.compiler.reference import random_values
+from lpu.compiler.system import compile_system
+from lpu.compiler.tensor_split import TpError, split_graph
+from lpu.emulator.run import HazardError
+from lpu.emulator.system import run_system
+from lpu.isa import opcodes as O
+from lpu.isa.errors import LpuError
+from lpu.isa.machine import MachineConfig
+from lpu.isa.system import SystemConfig
+
+HERE = os.path.dirname(__file__)
+ROOT = os.path.dirname(HERE)
+LLAMA = os.path.join(ROOT, "programs", "systems", "llama2_7b_decode.lpu")
+SMALL_LLAMA = {"L": 2, "D": 64, "H": 4, "F": 128, "T": 5, "C": 16}
+
+
+def graph_of(path, params):
+    with open(path) as f:
+        return elaborate_source(f.read(), path, params)
+
+
+def tiny_system(chips):
+    return SystemConfig.load("node", MachineConfig.load("tiny"), chips)
+
+
+@pytest.fixture(scope="module")
+def llama4():
+    g = graph_of(LLAMA, SMALL_LLAMA)
+    return g, compile_system(g, tiny_system(4), parallel="tp")
+
+
+def test_the_split_is_megatron_style():
+    tp = split_graph(graph_of(LLAMA, SMALL_LLAMA), 4)
+    # QKV, gate and up by columns (their last axis), out and down by rows; the KV cache by heads
+    assert {k: tp.split[k] for k in ("wq", "wk", "wv", "wg", "wu", "wo", "wd", "kc", "vc", "sq")} == \
+        {"wq": 2, "wk": 2, "wv": 2, "wg": 2, "wu": 2, "wo": 1, "wd": 1, "kc": 2, "vc": 2, "sq": 1}
+    assert "g1" not in tp.split and "so" not in tp.split        # norms and row-split scales stay whole
+    assert len(tp.allreduce) == 2 * SMALL_LLAMA["L"]            # one after wo, one after wd, per layer
+    wq = tp.graph.node(tp.graph.decls["wq"])
+    assert wq.shape == (2, 64, 16)                              # a quarter of the columns
+    assert tp.part("wq", (2, 64, 64), 3) == ((0, 2), (0, 64), (48, 64))
+
+
+def test_four_ranks_match_the_reference_and_their_predictions(llama4):
+    g, sp = llama4
+    assert sp.parallel == "tp" and len(sp.chips) == 4
+    # rank-symmetric: every chip runs the same instructions (its weights differ)
+    assert all(np.array_equal(p.op, sp.chips[0].op) and np.array_equal(p.args, sp.chips[0].args) for p in sp.chips)
+    assert np.count_nonzero(sp.chips[0].op == O.SEND) == np.count_nonzero(sp.chips[0].op == O.RECV) > 0
+    vals = random_values(g, 3)
+    r = run_system(sp, vals)
+    assert [c.cycles for c in r.chips] == [p.predicted_cycles for p in sp.chips]
+    assert api.check(g, sp.chips[0], vals, r)["ok"]
+    sent = [c.counters["link_vectors_sent"] for c in r.chips]
+    assert sent == [c.counters["link_vectors_received"] for c in r.chips] and sent[0] > 0
+
+
+def test_workers_give_the_same_result(llama4):
+    g, sp = llama4
+    vals = random_values(g, 4)
+    one, two = run_system(sp, vals), run_system(sp, vals, workers=2)
+    assert one.cycles == two.cycles
+    assert all(np.array_equal(one.outputs[k], two.outputs[k]) for k in one.outputs)
+    assert all(np.array_equal(one.states[k], two.states[k]) for k in one.states)
+
+
+def test_a_receive_moved_before_its_arrival_is_a_hazard(llama4):
+    g, sp = llama4
+    p = sp.chips[1]
+    first = int(np.flatnonzero(p.op == O.RECV)[0])
+    nop = first - 1                              # the wait before the first receive of a link
+    assert p.op[nop] == O.NOP and p.queue[nop] == p.queue[first] and p.args[nop, 0] > 5
+    args = p.args.copy()
+    args[nop, 0] -= 5                            # that link's receives 5 cycles early
+    bad = dataclasses.replace(sp, chips=[*sp.chips[:1], dataclasses.replace(p, args=args), *sp.chips[2:]])
+    with pytest.raises(HazardError, match=r"chip 1 c2c\d+ .*RECV.*receive before arrival") as e:
+        run_system(bad, random_values(g, 0))
+    assert e.value.kind == "link-early"
+
+
+def test_mlp_on_two_ranks_and_auto_picks_the_faster():
+    g = graph_of(os.path.join(ROOT, "programs", "mlp.lpu"), {"S": 8, "D": 32, "F": 64})
+    tp = compile_system(g, tiny_system(2), parallel="tp")
+    pp = compile_system(g, tiny_system(2), parallel="pp")
+    auto = compile_system(g, tiny_system(2), parallel="auto")
+    assert auto.predicted_cycles == min(tp.predicted_cycles, pp.predicted_cycles)
+    vals = random_values(g, 1)
+    r = run_system(tp, vals)
+    assert r.cycles == tp.predicted_cycles and api.check(g, tp.chips[0], vals, r)["ok"]
+
+
+def test_what_does_not_split_says_so_and_auto_falls_back():
+    g = graph_of(os.path.join(ROOT, "programs", "mlp.lpu"), {"S": 8, "D": 32, "F": 30})
+    with pytest.raises(TpError, match="does not split 4 ways"):
+        split_graph(g, 4)
+    one = elaborate_source("input x : f16[4, 16]\nweight w : f16[16, 32]\noutput y = f16(x @ w)\n", "c.lpu", {})
+    with pytest.raises(TpError, match="c.lpu:3: output: an output that is not whole"):
+        split_graph(one, 2)
+    with pytest.raises(LpuError, match="tensor parallel"):
+        compile_system(one, tiny_system(2), parallel="tp")
+    assert compile_system(one, tiny_system(2), parallel="auto").parallel == "pp"
+    with pytest.raises(LpuError, match="a multiple of 8 chips"):
+        compile_system(graph_of(LLAMA, SMALL_LLAMA), tiny_system(12), parallel="tp")
+
+
+def test_cli_bundle_round_trip(tmp_path, capsys):
+    out = str(tmp_path / "l2.lpubin")
+    args = [LLAMA, *[x for k, v in SMALL_LLAMA.items() for x in ("-p", f"{k}={v}")], "--machine", "tiny"]
+    assert main(["compile", *args, "--chips", "2", "--parallel", "tp", "-o", out]) == 0
+    assert "2 chips (tp)" in capsys.readouterr().out
+    assert main(["run", out, "--check"]) == 0
+    assert "check: ok" in capsys.readouterr().out
+    assert main(["verify", out]) == 0
+
+
+def test_two_nodes_of_eight_ranks_form_a_pipeline():
+    params = dict(SMALL_LLAMA, H=8)
+    g = graph_of(LLAMA, params)
+    sp = compile_system(g, tiny_system(16), parallel="tp")
+    s = sp.system
+    assert len(sp.chips) == 16 and sp.outputs == {"y": 8}
+    assert s.link_between(3, 11) == (s.rank_out, s.rank_in) and s.peer(11, s.rank_in) == 3
+    assert s.route(3, 11) == list(range(3, 12))          # a pipeline keeps its path (relays)
+    # the second node's ranks receive the residual from the same rank of the first, over their global link
+    first, second = sp.chips[0], sp.chips[8]
+    assert not np.any(first.queue[first.op == O.RECV] == first.machine.c2c_queue(s.rank_in))
+    assert np.any(second.queue[second.op == O.RECV] == second.machine.c2c_queue(s.rank_in))
+    assert sp.rows[9]["wq"] == ((1, 2), (0, 64), (8, 16))       # node 1 holds layer 1; rank 1 its columns
+    vals = random_values(g, 5)
+    r = run_system(sp, vals)
+    assert r.cycles == sp.predicted_cycles and api.check(g, sp.chips[8], vals, r)["ok"]
+    assert sp.chips[8].predicted_cycles > sp.chips[0].predicted_cycles + s.global_hop_cycles
