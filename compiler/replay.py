@@ -55,7 +55,7 @@ def periodic_leaves(graph, plan) -> set:
 
 
 class Record:
-    __slots__ = ("log", "rows", "dirty_before", "dirty_after", "sxm_flip", "load_delta", "out_region")
+    __slots__ = ("log", "rows", "dirty_before", "dirty_after", "sxm_flip", "load_delta", "out_region", "deferred")
 
 
 class Replayer:
@@ -110,6 +110,7 @@ class Replayer:
         r.dirty_before = dict(c.lw_dirty)
         r.sxm_flip = c.sxm_turn
         r.load_delta = dict(c.mxm_load)
+        r.deferred = len(lw.deferred)
         lw.alloc.log = r.log
         return r
 
@@ -125,6 +126,7 @@ class Replayer:
         r.sxm_flip ^= c.sxm_turn
         r.load_delta = {u: v - r.load_delta.get(u, 0) for u, v in c.mxm_load.items()}
         r.out_region = None if aliased or not r.log else (r.log[0][2], r.log[0][1])
+        r.deferred = [region for _, region in lw.deferred[r.deferred:]]   # scratch freed later (free_scratch)
         r.rows = _rows(lw.chains, lw.ctx.reg)
         lw.chains = [Rows(**r.rows)]
         self.rec[n.id] = r
@@ -155,6 +157,7 @@ class Replayer:
         c.sxm_turn ^= r.sxm_flip
         for u, v in r.load_delta.items():
             c.mxm_load[u] = c.mxm_load.get(u, 0) + v
+        lw.deferred += [(lw.depth, region) for region in r.deferred]
         lw.grid[n.id] = lw.grid[t]
         if r.out_region is not None:
             lw.regions[n.id] = r.out_region
