@@ -174,10 +174,34 @@ class Replayer:
         """[(twin's input grid, width, d)] for the inputs that moved, or None if n and t differ."""
         if (n.op, n.shape, n.dtype, n.line, n.col, len(n.inputs)) != (t.op, t.shape, t.dtype, t.line, t.col, len(t.inputs)):
             return None
-        if not _same_attrs(n.attrs, t.attrs):
-            return None
         out = []
+        if not _same_attrs(n.attrs, t.attrs):
+            moved = self._block_moved(n, t)
+            if moved is None:
+                return None
+            out.append(moved)
         return out if self._alike_inputs(n, t, out) else None
+
+    def _block_moved(self, n, t):
+        """For slices that differ only in the integer index of their first axis (`kc[l, 0:T, a:b]`
+        in trip l, copied because its lanes are not whole chunks): (the twin's block's grid,
+        width, d) when the two blocks of their one input lie a multiple of the period apart, as
+        blocks of a periodic layout do; else None."""
+        if n.op != "slice" or n.attrs.keys() != t.attrs.keys() or n.inputs[0] != t.inputs[0] and \
+                self.lw.grid.get(n.inputs[0]) is not self.lw.grid.get(t.inputs[0]):
+            return None
+        a, b = n.attrs["index"], t.attrs["index"]
+        if len(a) != len(b) or not a or not isinstance(a[0], int) or not isinstance(b[0], int) or a[1:] != b[1:] \
+                or any(k != "index" and not _same_attrs({k: n.attrs[k]}, {k: t.attrs[k]}) for k in n.attrs):
+            return None
+        grid = self.lw.grid.get(n.inputs[0])
+        if grid is None or grid.ndim < 2:
+            return None
+        d = grid[a[0]] - grid[b[0]]
+        d0 = int(d.flat[0]) if d.size else 0
+        if not d.size or np.any(d != d0) or d0 % self.period:
+            return None
+        return grid[b[0]], dtype_width(self.lw.g.node(n.inputs[0]).dtype), d0
 
     def _alike_inputs(self, n, t, out) -> bool:
         """Compare n's and t's inputs (through fused producers, which lowering reads through),
