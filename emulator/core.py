@@ -21,6 +21,7 @@ import numpy as np
 from numba import njit
 
 from lpu.emulator import vxm_fast
+from lpu.emulator.borrow import borrowed
 from lpu.emulator.mxm import accumulate, install, products
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     CORE_OPS, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
@@ -532,7 +533,8 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
     H_FLUSH: call again from there), or a chip-to-chip instruction (hz[0] == H_C2C: the host runs
     it, emulator/c2c.py, and calls again from the next). Dispatch is by each instruction's core
-    unit (`cunit`), then by its core operation."""
+    unit (`cunit`), then by its core operation. (This function allocates the scratch vectors and
+    keeps every array alive while `_loop` uses them borrowed: emulator/borrow.py.)"""
     (ring, bank_last, lbuf, lw_dt, _, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
      pend_n, order, wcols, wfresh) = ws
     act = np.zeros(lanes, np.int64)
@@ -543,8 +545,36 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     fb = np.zeros(lanes, np.float32)
     ia = np.zeros(lanes, np.int64)
     u32 = np.zeros(lanes, np.uint32)
-    f32v = u32.view(np.float32)
     ybuf = np.zeros((ABC_BATCH, lanes), np.float64)
+    return _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles, naddr, bank_base,
+                 bank_lo, mem, valid, tables, f16tab, ring[0], ring[1], ring[2], ring[3], ring[4], bank_last, lbuf,
+                 lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n,
+                 order[0], order[1], order[2], wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, bulk_min, hz,
+                 counters)
+
+
+@njit(cache=True)
+def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles, naddr, bank_base, bank_lo,
+          mem, valid, tables, f16tab, ring_k, ring_pos, ring_src, ring_pay, ring_rd, bank_last, lbuf, lw_dt, wts32,
+          wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n, ord_lw, ord_acc, ord_last,
+          wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, bulk_min, hz, counters):
+    """`execute`'s loop, on borrowed arrays (no reference counting: emulator/borrow.py)."""
+    cyc, cop, cunit, uidx, upos, args, lat = (borrowed(cyc), borrowed(cop), borrowed(cunit), borrowed(uidx),
+                                              borrowed(upos), borrowed(args), borrowed(lat))
+    bank_base, bank_lo, mem, valid, tables, f16tab = (borrowed(bank_base), borrowed(bank_lo), borrowed(mem),
+                                                      borrowed(valid), borrowed(tables), borrowed(f16tab))
+    ring = (borrowed(ring_k), borrowed(ring_pos), borrowed(ring_src), borrowed(ring_pay), borrowed(ring_rd))
+    bank_last, lbuf, lw_dt, wts32, wnorm, wdt = (borrowed(bank_last), borrowed(lbuf), borrowed(lw_dt),
+                                                 borrowed(wts32), borrowed(wnorm), borrowed(wdt))
+    busy, acc_bits, acc_kind, acc_ready, tbuf = (borrowed(busy), borrowed(acc_bits), borrowed(acc_kind),
+                                                 borrowed(acc_ready), borrowed(tbuf))
+    pend_x, pend_meta, pend_n, wcols, wfresh = (borrowed(pend_x), borrowed(pend_meta), borrowed(pend_n),
+                                                borrowed(wcols), borrowed(wfresh))
+    order = (borrowed(ord_lw), borrowed(ord_acc), borrowed(ord_last))
+    act, sa, sb, so, fa, fb, ia, u32, ybuf = (borrowed(act), borrowed(sa), borrowed(sb), borrowed(so), borrowed(fa),
+                                              borrowed(fb), borrowed(ia), borrowed(u32), borrowed(ybuf))
+    hz, counters = borrowed(hz), borrowed(counters)
+    f32v = u32.view(np.float32)
     for i in range(start, cyc.shape[0]):
         t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
         p = upos[i]
