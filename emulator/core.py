@@ -24,7 +24,7 @@ from numba import njit
 
 from lpu.emulator import vxm_fast
 from lpu.emulator.borrow import borrowed, prefetch_row
-from lpu.emulator.mxm import accumulate, f16_row, install, products
+from lpu.emulator.mxm import accumulate, install, products
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     CORE_OPS, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
     C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SHIFT, C_TPIN,
@@ -297,8 +297,8 @@ def mxm_input_ok(ref, plane, spd):
 
 @njit(cache=True)
 def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts32,
-             wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, fa, pend_x, pend_meta,
-             pend_n, ybuf, act, bulk_min, hz, counters):
+             wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n,
+             ybuf, act, bulk_min, hz, counters):
     if op == C_LW:
         row, ref, cvt = a[0], a[1], a[2]
         if row < 0 or row >= lanes:
@@ -387,9 +387,8 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
             for l in range(lanes):
                 x[l] = np.float64(np.int8(sa[0, l]))
         else:
-            f16_row(sa[0], sa[1], fa, f16tab)
             for l in range(lanes):
-                x[l] = fa[l]
+                x[l] = f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
         pend_meta[plane, nb, 0], pend_meta[plane, nb, 1], pend_meta[plane, nb, 2] = row, accum, dt
         pend_n[plane] = nb + 1
         acc_kind[plane, row] = kind
@@ -603,7 +602,7 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
         elif u == U_MXM:
             ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
                           lbuf, lw_dt, wts32, wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order,
-                          sa, so, fa, pend_x, pend_meta, pend_n, ybuf, act, bulk_min, hz, counters)
+                          sa, so, pend_x, pend_meta, pend_n, ybuf, act, bulk_min, hz, counters)
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)

@@ -205,13 +205,9 @@ def install(buf, dt, trans, lanes, f16tab, w, wnorm, wcols):
     float32 numbers (f16 and i8 values are exact in it); wnorm[n]: the 2-norm of
     column n (for `settle`), rounded up a little; wcols: `row_support`."""
     lo, hi = buf[0], buf[1]
-    if dt == D_I8:
-        for k in range(lanes):
-            for n in range(lanes):
-                w[k, n] = np.float32(np.int8(lo[k, n]))
-    else:
-        for k in range(lanes):
-            f16_row(lo[k], hi[k], w[k], f16tab)
+    for k in range(lanes):
+        for n in range(lanes):
+            w[k, n] = weight(lo[k, n], hi[k, n], dt, f16tab)
     if trans:
         for k0 in range(0, lanes, 32):
             for n0 in range(k0, lanes, 32):
@@ -222,21 +218,11 @@ def install(buf, dt, trans, lanes, f16tab, w, wnorm, wcols):
     row_support(w, wcols)
 
 
-@njit(cache=True)
-def f16_row(lo, hi, out, f16tab):
-    """out[n] = the f16 value of the bytes lo[n] | hi[n] << 8 as float32, exactly f16tab's: zeros,
-    normal numbers and infinities by moving the bit fields (a loop that vectorizes), then
-    subnormals and NaNs from the table."""
-    bits = out.view(np.uint32)
-    for n in range(out.shape[0]):
-        h = np.int64(lo[n]) | (np.int64(hi[n]) << 8)
-        e = (h >> 10) & 0x1F
-        expo = (e + 112 + 112 * np.int64(e == 31)) * np.int64(e != 0)
-        bits[n] = np.uint32(((h & 0x8000) << 16) | (expo << 23) | ((h & 0x3FF) << 13))
-    for n in range(out.shape[0]):
-        h = np.int64(lo[n]) | (np.int64(hi[n]) << 8)
-        if (h & 0x3FF) != 0 and ((h & 0x7C00) == 0 or (h & 0x7C00) == 0x7C00):
-            out[n] = f16tab[h]
+@njit(cache=True, inline="always")
+def weight(lo, hi, dt, f16tab):
+    if dt == D_I8:
+        return np.float32(np.int8(lo))
+    return f16tab[np.int64(lo) | (np.int64(hi) << 8)]
 
 
 @njit(cache=True)

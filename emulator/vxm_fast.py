@@ -7,7 +7,6 @@ tests/test_emulator_checks.py compares the two on random operands."""
 import numpy as np
 from numba import njit
 
-from lpu.emulator.mxm import f16_row
 from lpu.emulator.arith import C_ADD, C_CONV, C_DIV, C_MAX, C_MIN, C_MUL, C_SUB, D_F16, D_F32, f32_bits_to_f16
 
 
@@ -32,7 +31,8 @@ def handles(op, adt, bdt, bimm, odt):
 @njit(cache=True)
 def _decode(src, dt, lanes, f16tab, u32, f32v, out):
     if dt == D_F16:
-        f16_row(src[0], src[1], out, f16tab)     # (every scratch vector is `lanes` long)
+        for l in range(lanes):
+            out[l] = f16tab[np.int64(src[0, l]) | (np.int64(src[1, l]) << 8)]
     else:
         for l in range(lanes):
             u32[l] = (np.uint32(src[0, l]) | (np.uint32(src[1, l]) << 8) | (np.uint32(src[2, l]) << 16)

@@ -201,13 +201,3 @@ def test_bundled_programs_bulk_equals_row(name, tsp):
                                   "llama_block_decode"])
 def test_bundled_prefills_bulk_equals_row(name, tsp):
     _bulk_equals_row(name, tsp)
-
-
-def test_installed_f16_weights_are_the_tables_values():
-    """mxm.f16_row (IW's decode: bit fields moved, subnormals and NaNs from the table) gives the
-    float32 bits of run.F16_TO_F32 for every one of the 65536 f16 patterns."""
-    from lpu.emulator.run import F16_TO_F32
-    bits = np.arange(1 << 16, dtype=np.int64)
-    out = np.zeros(1 << 16, np.float32)
-    mxm.f16_row((bits & 0xFF).astype(np.uint8), (bits >> 8).astype(np.uint8), out, F16_TO_F32)
-    assert np.array_equal(out.view(np.uint32), F16_TO_F32.view(np.uint32))
