@@ -85,7 +85,7 @@ class ChipRun:
     def _c2c(self, i: int, out: list) -> None:
         s, prep = self.s, self.prep
         t, link, ref = int(s.cycle[i]), int(prep.uidx[i]), int(s.args[i, 0])
-        ring = prep.workspace[0]
+        ring = prep.workspace[0] + (self.mem,)     # the core's stream tuple: a READ's value may be a row of mem
         spd = self.program.machine.streams_per_direction
         if not core.ref_ok(ref, 1, spd):
             self.hz[0], self.hz[1], self.hz[2], self.hz[3], self.hz[4] = core.H_OPERAND, i, t, 0, ref

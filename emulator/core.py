@@ -7,9 +7,11 @@ cache, which freezes globals, never holds a stale opcode numbering.
 
 Streams: per (direction, stream) a ring buffer indexed by diagonal k mod `ring_size` (a power of
 two above positions + latency) holds the diagonal written, the writer's position and execution
-index, the payload bytes and whether anyone read it: the tuple `ring` = (ring_k, ring_pos,
-ring_src, ring_pay, ring_rd). A value nobody read is a hazard (H_UNREAD), found when its slot is
-reused or at the end of the run, and reported at its writer.
+index, the payload bytes and whether anyone read it, and the SRAM row the payload is, where a
+READ put a reference instead of a copy (C_READ_REF: prepare.by_reference proves that nothing
+writes the row while the value can be read; -1: the payload is in ring_pay): the tuple `ring` =
+(ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, mem). A value nobody read is a hazard
+(H_UNREAD), found when its slot is reused or at the end of the run, and reported at its writer.
 
 SRAM is the compact image of emulator/prepare.py, uint8[rows, lanes], with a valid flag per row
 (set for loaded tensors and by WRITE/SCATTER): a READ of a row without a value is a hazard.
@@ -21,6 +23,7 @@ import numpy as np
 from numba import njit
 
 from lpu.emulator import vxm_fast
+from lpu.emulator.borrow import borrowed, prefetch_row
 from lpu.emulator.mxm import accumulate, install, products
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     CORE_OPS, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
@@ -28,6 +31,8 @@ from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     C_TPOUT, C_WRITE, D_F16, D_F32, D_I32, D_I8, WIDTH, i8_to_f16_bits,
     vxm_compute,
 )
+
+C_READ_REF = len(CORE_OPS)   # a READ that puts a reference to its SRAM row on the stream (prepare.by_reference)
 
 TRANSPOSE_BUFFERS = 4
 
@@ -102,7 +107,7 @@ def ref_ok(ref, w, spd):
 @njit(cache=True, inline="always")
 def stream_read(ref, w, q, c, ring, dst, hz):
     """Read w byte planes of ref at position q in cycle c into dst; False on a hazard."""
-    ring_k, ring_pos, _, ring_pay, ring_rd = ring
+    ring_k, ring_pos, _, ring_pay, ring_rd, ring_row, mem = ring
     d = (ref >> 6) & 3
     s = ref & 63
     k = c - q if d == 0 else c + q
@@ -118,14 +123,17 @@ def stream_read(ref, w, q, c, ring, dst, hz):
             return False
     for b in range(w):
         ring_rd[d, s + b, slot] = 1
-        copy_run(ring_pay[d, s + b, slot], dst[b])
+        row = ring_row[d, s + b, slot]
+        copy_run(ring_pay[d, s + b, slot] if row < 0 else mem[row], dst[b])
     return True
 
 
 @njit(cache=True, inline="always")
-def stream_write(ref, w, p, c, ex, ring, src, hz):
-    """Put w byte planes of src on ref at position p in cycle c (writer execution index ex)."""
-    ring_k, ring_pos, ring_src, ring_pay, ring_rd = ring
+def stream_write(ref, w, p, c, ex, ring, src, hz, row=-1):
+    """Put w byte planes of src on ref at position p in cycle c (writer execution index ex);
+    or (w = 1, row >= 0) a reference to SRAM row `row` of `mem`, which every reader copies
+    (a READ whose row nothing can change while its value is on the stream: C_READ_REF)."""
+    ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, _ = ring
     d = (ref >> 6) & 3
     s = ref & 63
     k = c - p if d == 0 else c + p
@@ -141,14 +149,16 @@ def stream_write(ref, w, p, c, ex, ring, src, hz):
         ring_pos[d, s + b, slot] = p
         ring_src[d, s + b, slot] = ex
         ring_rd[d, s + b, slot] = 0
-        copy_run(src[b], ring_pay[d, s + b, slot])
+        ring_row[d, s + b, slot] = row
+        if row < 0:
+            copy_run(src[b], ring_pay[d, s + b, slot])
     return True
 
 
 @njit(cache=True)
 def first_unread(ring, hz):
     """At the end of the run: the earliest-written value still unread, as an H_UNREAD hazard."""
-    ring_k, _, ring_src, _, ring_rd = ring
+    ring_k, ring_src, ring_rd = ring[0], ring[2], ring[4]
     best = -1
     for d in range(ring_k.shape[0]):
         for s in range(ring_k.shape[1]):
@@ -206,15 +216,15 @@ def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo
     bank_last[s, bank] = t
     counters[K_BANK_ACCESSES] += 1
     row = bank_base[s, bank] + addr - bank_lo[s, bank]
-    if op == C_READ or op == C_WRITE:
+    if op == C_READ or op == C_READ_REF or op == C_WRITE:
         if not ref_ok(a[2], 1, spd):
             return operand_error(hz, 2, a[2])
-        if op == C_READ:
+        if op != C_WRITE:
             if valid[row] == 0 or valid[row] == RO_CLOBBERED:
                 hz[0], hz[3], hz[4], hz[5] = H_SRAM_EMPTY if valid[row] == 0 else H_SRAM_CLOBBERED, s, bank, addr
                 return False
             counters[K_SRAM_READ] += lanes
-            return stream_write(a[2], 1, p, t + lat, ex, ring, mem[row:row + 1], hz)
+            return stream_write(a[2], 1, p, t + lat, ex, ring, mem[row:row + 1], hz, row if op == C_READ_REF else -1)
         if not stream_read(a[2], 1, p, t, ring, mem[row:row + 1], hz):
             return False
         valid[row] = RO_CLOBBERED if valid[row] >= RO_LOADED else 1
@@ -480,6 +490,7 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
     return stream_write(oref, w, p, t + lat, ex, ring, so, hz)
 
 
+PREFETCH_AHEAD = 12   # instructions: far enough ahead for a cache miss, near enough to stay cached
 ABC_BATCH = 128    # an ABC's product is computed at its plane's IW, an ACC of its row, or when 128 wait
 
 
@@ -490,7 +501,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
     buffers, and scratch vectors."""
     return ((np.full((2, spd, ring_size), NO_DIAG, np.int64), np.zeros((2, spd, ring_size), np.int64),
              np.zeros((2, spd, ring_size), np.int64), np.zeros((2, spd, ring_size, lanes), np.uint8),
-             np.zeros((2, spd, ring_size), np.uint8)),
+             np.zeros((2, spd, ring_size), np.uint8), np.full((2, spd, ring_size), -1, np.int64)),
             np.full((slices, banks), -1, np.int64),               # bank_last
             np.zeros((nplanes, 2, lanes, lanes), np.uint8),       # lbuf: [plane, byte plane, row, lane]
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
@@ -519,6 +530,7 @@ def reset(ws):
      order, wcols, wfresh) = ws
     ring[0].fill(NO_DIAG)
     ring[4].fill(0)
+    ring[5].fill(-1)
     for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wts, 0), (wts32, 0), (wnorm, 0), (wdt, -1), (busy, 0),
                  (acc_bits, 0), (acc_kind, -1), (acc_ready, 0), (tbuf, 0), (pend_n, 0), (order[0], -1), (order[1], 0),
                  (order[2], -1), (wcols, 0), (wfresh, 0)):
@@ -532,7 +544,8 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
     H_FLUSH: call again from there), or a chip-to-chip instruction (hz[0] == H_C2C: the host runs
     it, emulator/c2c.py, and calls again from the next). Dispatch is by each instruction's core
-    unit (`cunit`), then by its core operation."""
+    unit (`cunit`), then by its core operation. (This function allocates the scratch vectors and
+    keeps every array alive while `_loop` uses them borrowed: emulator/borrow.py.)"""
     (ring, bank_last, lbuf, lw_dt, _, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
      pend_n, order, wcols, wfresh) = ws
     act = np.zeros(lanes, np.int64)
@@ -543,9 +556,44 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     fb = np.zeros(lanes, np.float32)
     ia = np.zeros(lanes, np.int64)
     u32 = np.zeros(lanes, np.uint32)
-    f32v = u32.view(np.float32)
     ybuf = np.zeros((ABC_BATCH, lanes), np.float64)
-    for i in range(start, cyc.shape[0]):
+    return _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles, naddr, bank_base,
+                 bank_lo, mem, valid, tables, f16tab, ring[0], ring[1], ring[2], ring[3], ring[4], ring[5], bank_last, lbuf,
+                 lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n,
+                 order[0], order[1], order[2], wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, bulk_min, hz,
+                 counters)
+
+
+@njit(cache=True)
+def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles, naddr, bank_base, bank_lo,
+          mem, valid, tables, f16tab, ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, bank_last, lbuf, lw_dt, wts32,
+          wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n, ord_lw, ord_acc, ord_last,
+          wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, bulk_min, hz, counters):
+    """`execute`'s loop, on borrowed arrays (no reference counting: emulator/borrow.py)."""
+    cyc, cop, cunit, uidx, upos, args, lat = (borrowed(cyc), borrowed(cop), borrowed(cunit), borrowed(uidx),
+                                              borrowed(upos), borrowed(args), borrowed(lat))
+    bank_base, bank_lo, mem, valid, tables, f16tab = (borrowed(bank_base), borrowed(bank_lo), borrowed(mem),
+                                                      borrowed(valid), borrowed(tables), borrowed(f16tab))
+    ring = (borrowed(ring_k), borrowed(ring_pos), borrowed(ring_src), borrowed(ring_pay), borrowed(ring_rd),
+            borrowed(ring_row), mem)
+    bank_last, lbuf, lw_dt, wts32, wnorm, wdt = (borrowed(bank_last), borrowed(lbuf), borrowed(lw_dt),
+                                                 borrowed(wts32), borrowed(wnorm), borrowed(wdt))
+    busy, acc_bits, acc_kind, acc_ready, tbuf = (borrowed(busy), borrowed(acc_bits), borrowed(acc_kind),
+                                                 borrowed(acc_ready), borrowed(tbuf))
+    pend_x, pend_meta, pend_n, wcols, wfresh = (borrowed(pend_x), borrowed(pend_meta), borrowed(pend_n),
+                                                borrowed(wcols), borrowed(wfresh))
+    order = (borrowed(ord_lw), borrowed(ord_acc), borrowed(ord_last))
+    act, sa, sb, so, fa, fb, ia, u32, ybuf = (borrowed(act), borrowed(sa), borrowed(sb), borrowed(so), borrowed(fa),
+                                              borrowed(fb), borrowed(ia), borrowed(u32), borrowed(ybuf))
+    hz, counters = borrowed(hz), borrowed(counters)
+    f32v = u32.view(np.float32)
+    n = cyc.shape[0]
+    for i in range(start, n):
+        j = i + PREFETCH_AHEAD      # the SRAM row of a MEM instruction a few ahead is asked for now
+        if j < n and cunit[j] == U_MEM:
+            bank, addr, sl = args[j, 0], args[j, 1], uidx[j]
+            if bank >= 0 and bank < bank_base.shape[1] and addr >= 0 and addr < naddr:
+                prefetch_row(mem, bank_base[sl, bank] + addr - bank_lo[sl, bank])
         t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
         p = upos[i]
         if u == U_MEM:

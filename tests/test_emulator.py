@@ -446,3 +446,31 @@ def test_float_to_int_rounds_to_even_and_saturates():
     want32 = np.clip(np.rint(np.nan_to_num(vals.astype(np.float64), nan=0, posinf=3e9, neginf=-3e9)),
                      -2 ** 31, 2 ** 31 - 1)
     np.testing.assert_array_equal(got32, want32)
+
+
+def test_read_by_reference_only_where_no_write_can_change_its_row():
+    """A READ puts a reference to its SRAM row on the stream (core.C_READ_REF) only where no WRITE
+    reaches that row while the value can still be read (prepare.by_reference): here x's row is
+    overwritten with w one cycle after x is read, before z's WRITE takes x's value off the stream,
+    so x's READ copies and z gets x's old value; w's READ (nothing writes w) is a reference."""
+    from lpu.emulator import core
+    from lpu.emulator.prepare import prepare
+    b = ProgBuilder(M, ["z = x"])
+    x = b.tensor("x", "input", "i8", (L,), [0])
+    w = b.tensor("w", "input", "i8", (L,), [1])
+    z = b.tensor("z", "output", "i8", (L,), [5], bank=1)
+    t_read = b.issue_for(20, EAST, M.slice_pos(0), LAT["mem_read"])
+    kw = t_read + 1 + M.slice_pos(0)                     # x's row is written (WEST) in the next cycle
+    b.read_vec(x, 0, EAST, 2, 20)
+    b.read_vec(w, 0, WEST, 3, kw)
+    b.write_vec(x, 0, WEST, 3, kw, port=1)
+    b.write_vec(z, 0, EAST, 2, 20, port=1, line=1)
+    p = b.build()
+    prep = prepare(p, schedule)
+    s = prep.sched
+    read_x = np.flatnonzero((s.op == O.READ) & (prep.uidx == 0))
+    read_w = np.flatnonzero((s.op == O.READ) & (prep.uidx == 1))
+    assert list(prep.cop[read_x]) == [core.C_READ] and list(prep.cop[read_w]) == [core.C_READ_REF]
+    assert s.cycle[np.flatnonzero(s.op == O.WRITE)].min() == t_read + 1
+    xv, wv = rand("i8", (L,)), rand("i8", (L,))
+    np.testing.assert_array_equal(run(p, {"x": xv, "w": wv}).outputs["z"], xv)
