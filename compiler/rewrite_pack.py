@@ -151,14 +151,24 @@ def pack_heads(g: IRGraph, lanes: int) -> IRGraph:
     trans: dict = {}                      # (pack key, position) -> new id of the packed node transposed
     half: dict = {}                       # (pack key, position) -> new id of the packed node in f16
     first: dict[int, int] = {}
+    consts: dict = {}                     # (chunk, k, dtype, shape, bytes) -> new id of that constant
+    at = [0, 0]                           # (chunk, constants made so far) of the pack being made
     for n in g.nodes():
         first[n.id] = len(new)
 
         def add(op, inputs, shape, dtype, attrs):
-            return new.add(op, inputs, shape, dtype, attrs, n.line, n.col)
+            if op != "const":
+                return new.add(op, inputs, shape, dtype, attrs, n.line, n.col)
+            v = np.asarray(attrs["value"])      # the k-th constant of chunk ch's pack, one node for
+            at[1] += 1                          # every layer (their masks are alike); packs of one
+            key = (at[0], at[1], dtype, tuple(shape), v.tobytes())    # layer keep their own (one
+            if key not in consts:                                     # bank read a cycle each)
+                consts[key] = new.add(op, inputs, shape, dtype, attrs, n.line, n.col)
+            return consts[key]
 
         if n.id in packs and packs[n.id][0] not in made:
             key, _, heads = packs[n.id]
+            at[:] = [key[2], 0]
             made[key] = _packed(g, add, m, key, heads, regions[key], n, lanes)
         if n.id in where or n.id in packs:
             key, i, j = where.get(n.id) or (packs[n.id][0], 0, packs[n.id][1])
@@ -292,6 +302,8 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
     new.params = dict(g.params)
     m: dict[int, int] = {}
     first: dict[int, int] = {}
+    consts: dict = {}                     # (chunk, k, dtype, shape, bytes) -> new id of that constant
+    at = [0, 0]                           # (chunk, constants made so far) of the pack being made
     for n in g.nodes():
         first[n.id] = len(new)
         if n.id not in todo:

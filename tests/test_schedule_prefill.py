@@ -160,6 +160,23 @@ def test_packed_heads_fold_a_power_of_two_scale_into_the_mask_and_hand_f16_weigh
     run_checked(src, m, 14, "c.lpu")
 
 
+def test_packed_heads_share_their_masks_across_layers():
+    """Every layer of bert_base packs its heads with the same masks: one constant per pack
+    position serves all layers (they had been 10.6 MB of constants per 12 layers, in SRAM and
+    in the binary), while a layer's packs keep their own."""
+    import os
+    from lpu.compiler.rewrite import rewrite
+    from lpu.compiler.rewrite_pack import pack_heads
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs", "bert_base.lpu")) as f:
+        src = f.read()
+    sizes = []
+    for layers in (1, 2, 3):
+        g = pack_heads(rewrite(elaborate_source(src, "b.lpu", {"L": layers}), m.lanes), m.lanes)
+        sizes.append(sum(n.nbytes for n in g.nodes() if n.op == "const" and len(n.shape) > 1))
+    assert sizes[0] > 0 and sizes[0] == sizes[1] == sizes[2], sizes
+
+
 @pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
 def test_heads_joined_as_rows_are_computed_in_their_rows_of_the_join(machine, monkeypatch):
     """The heads' transposed outputs, joined along the rows, are each written straight into
