@@ -4,7 +4,9 @@
                        one chain in which the SXM makes shifted copies of the row (as many a
                        cycle as it has queues) and a VXM tree adds them to it as they arrive
                        (ROTATE and MAX for max); the steps' radix chosen by the latency of
-                       the trips between the VXM and the SXM against the SXM's issue cycles
+                       the trips between the VXM and the SXM against the SXM's issue cycles;
+                       a reduction marked `splat` (compiler/rewrite.py) rotates over all the
+                       lanes instead (radices that multiply to the lanes): its result in every lane
   over other axes      pairwise trees of VXM ops across vectors, fed from the streams, one
                        chain per block of vectors (as many as the ALUs and streams allow),
                        then over the blocks
@@ -174,14 +176,15 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
     lanes = lw.lanes
     c = src_n.shape[-1] if src_n.shape else 1
     is_max = n.op == "max"
-    sop = O.ROTATE if is_max else O.SHIFT
+    wide = bool(n.attrs.get("splat"))       # the result in every lane: rotations over all lanes
+    sop = O.ROTATE if is_max or wide else O.SHIFT
     chunks = src.shape[-1]
     lead_shape = src.shape[:-1]
     nrows = int(np.prod(lead_shape, dtype=np.int64))
     t1, r1 = lw.temp((nrows, 2 * lanes), cdt)       # two scratch vectors per row: rows pipeline
     t1 = t1.reshape(lead_shape + (2,))
     width = min(c, lanes)
-    plan = lane_plan(lw, width, nrows * _peers(lw, n), cdt)
+    plan = lane_plan(lw, width, nrows * _peers(lw, n), cdt, exact=wide)
     steps = len(plan)
     # lanes past the row's end reach lane 0 only if the plan's shifts add up past it
     pad_seen = chunks > 1 or sum(max(s) for s in plan) >= width
@@ -207,7 +210,7 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
                 vxm_chain(lw, n, post[0], dst, post[2], 1, cur, imm=post[1], bimm=1)
             continue
         for si, shifts in enumerate(plan):
-            d, ddt, nv = (dst, final_dt, 1) if si == steps - 1 else (ta, cdt, lanes)
+            d, ddt, nv = (dst, final_dt, lanes if wide else 1) if si == steps - 1 else (ta, cdt, lanes)
             pst = post if si == steps - 1 else None
             moved = [(cur[0], cur[1], sop, -k) for k in shifts]
             gather(lw, n, [cur], moved, vop, d, cdt, ddt, nv, pst, held)
@@ -241,7 +244,25 @@ def _peers(lw, n) -> int:
     return cache[n.id]
 
 
-def lane_plan(lw, width: int, nrows: int, cdt: str) -> list:
+def _factors(n: int, s: int) -> list | None:
+    """n as a product of s factors >= 2, as even as the primes allow (largest first), or None."""
+    primes, k, p = [], n, 2
+    while p * p <= k:
+        while k % p == 0:
+            primes.append(p)
+            k //= p
+        p += 1
+    if k > 1:
+        primes.append(k)
+    if len(primes) < s:
+        return None
+    out = [1] * s
+    for q in sorted(primes, reverse=True):
+        out[out.index(min(out))] *= q
+    return sorted(out, reverse=True)
+
+
+def lane_plan(lw, width: int, nrows: int, cdt: str, exact: bool = False) -> list:
     """The shifts of each lane step that brings the reduction of lanes 0 .. width-1 to lane
     0: step j shifts by span_j * i for i = 1 .. r-1 (those below width), span_{j+1} = r *
     span_j. Fewer steps mean fewer trips between the VXM and the SXM (about their distance
@@ -255,13 +276,20 @@ def lane_plan(lw, width: int, nrows: int, cdt: str) -> list:
     per_cycle = max(1, min(m.sxm_queues_per_hemisphere, m.streams_per_direction // dtype_width(cdt) - 1))
     best = None
     for s in range(1, max(1, math.ceil(math.log2(width))) + 1):
-        r = max(2, math.ceil(width ** (1.0 / s) - 1e-9))
-        while r ** s < width:
-            r += 1
-        r = min(r, MAX_RADIX)
+        if exact:           # (rotations: the radices multiply to the lanes, every lane seen once)
+            radices = _factors(m.lanes, s)
+            if radices is None:
+                break
+        else:
+            r = max(2, math.ceil(width ** (1.0 / s) - 1e-9))
+            while r ** s < width:
+                r += 1
+            radices = [min(r, MAX_RADIX)] * s
         plan, span = [], 1
-        while span < width:
-            plan.append([span * i for i in range(1, r) if span * i < width])
+        for r in radices:
+            if span >= (m.lanes if exact else width):
+                break
+            plan.append([span * i for i in range(1, r) if exact or span * i < width])
             span *= r
         issue = sum(-(-len(p) // per_cycle) for p in plan)
         v = lat[O.VXM_BINARY["ADD"]]

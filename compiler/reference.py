@@ -52,8 +52,9 @@ def _eval(n: Node, xs: list[np.ndarray], k_tile: int) -> np.ndarray:
         return S.convert(xs[0], n.dtype)
     if op in ELEMENTWISE:
         return S.elementwise(op, xs, n.dtype)
-    if op in REDUCE:
-        return S.reduce(op, xs[0], a["axis"], n.dtype)
+    if op in REDUCE:     # (a splat: the result in every lane, compiler/rewrite.py)
+        r = S.reduce(op, xs[0], a["axis"], n.dtype)
+        return np.broadcast_to(r, n.shape).copy() if a.get("splat") else r
     if op == "matmul":
         return S.matmul(xs[0], xs[1], n.dtype, k_tile)
     if op in MOVES:

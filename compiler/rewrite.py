@@ -28,13 +28,20 @@ C = 768): one column shared by every sum of a width, or a ones row installed tra
 measured slower on the bundled programs (their installs meet in the same banks, or zero the
 weight buffer's stale rows).
 
-Splats (decode). A sum of at most SPLAT_ROWS rows is x @ ones[C, lanes] instead: the same SRAM
+Splats. A sum is x @ ones[C, lanes] instead: the same SRAM
 (a vector per element either way) and MXM work (one output vector per row), but the sum lands
 in every lane. Mean's division and cast, and the ops that only combine such values with scalars
 (layernorm's var + eps and rsqrt), run on the [R, lanes] vectors too, and the [R, 1] value is a
 `slice` marked `splat`: a view (plan.py) that the elementwise ops broadcasting it read as it is,
 with no SXM DISTRIBUTE, i.e. no trip to the chip's edge and back (two per layernorm, one per
-rmsnorm). Measured: gpt2_block_decode 2,804 -> 2,456 cycles.
+rmsnorm). Measured: gpt2_block_decode 2,804 -> 2,456 cycles; in prefill (rows of up to 16 were
+splats before, more stayed [R, 1] columns): gpt2_block_prefill 4,581 -> 4,201, llama_block_prefill
+7,172 -> 7,042. The f32 sums of bert_base's layernorms (x + a, f32) as two f16 halves (hi = f16(x),
+lo = f16(x - hi)) multiplied by ones, the lane tiles added on the VXM first, were measured slower:
+bert_base L=1 18,469 -> 18,756, L=2 36,459 -> 37,379 (hi alone, 17,862, would round the f32 input
+to 11 bits); the lane trees stay. Instead, the mean that layernorm centres its f32 rows by (rows
+as wide as the lanes or wider) is a lane tree of rotations, `_rotated`: the same shifts, the sum
+in every lane, a splat (bert_base 218,871 -> 216,292 cycles).
 """
 from __future__ import annotations
 
@@ -44,7 +51,6 @@ from lpu.compiler import ops
 from lpu.compiler.ir import IRGraph
 from lpu.isa.dtypes import NP_DTYPE
 
-SPLAT_ROWS = 16   # lane sums of up to this many rows are computed as splats (decode)
 SPLAT_OPS = frozenset(("add", "sub", "mul", "div", "rsqrt", "sqrt", "exp", "neg", "cast"))
 MIN_Q = 2         # one query row is one vector either way (decode): left as it is
 MIN_ROW = 16      # rows narrower than this reduce in a few lane steps: not worth two transposes
@@ -113,6 +119,21 @@ def _mxm_sum(g, n) -> bool:
     return x.dtype == "f16" and x.shape[-1] > 1
 
 
+def _rotated(g, n, lanes) -> bool:
+    """A sum or mean over the lanes that stays a lane tree (f32 rows) as wide as the lanes or
+    wider, and that its input is centred by (x - mean(x), layernorm's: the difference is
+    computed again in each of its users, lower_fuse, each reading the mean): its steps rotate
+    instead of shifting (as many shifts: the radices multiply to the lanes), so the result lands
+    in every lane, a splat read as it is (lower_reduce). Measured on bert_base: L=1 18,469 ->
+    18,434, L=2 36,459 -> 36,234; the variance's mean rotated too (its rsqrt read once) was
+    slower: L=2 36,849."""
+    if lanes is None or n.op not in ("sum", "mean") or len(n.shape) != 2 or n.attrs["axis"] not in (1, -1):
+        return False
+    x = g.node(n.inputs[0])
+    centred = any(g.node(u).op == "sub" and tuple(g.node(u).inputs) == (x.id, n.id) for u in g.users(n.id))
+    return x.dtype == "f32" and x.shape[-1] >= lanes and centred
+
+
 def _joins(g: IRGraph, exits: set) -> set:
     """Concats along the last axis of 2-D exits computed transposed (or their casts, used only
     there): the heads' outputs joined. Each exit's result would be transposed back on its own and
@@ -136,16 +157,16 @@ def _joins(g: IRGraph, exits: set) -> set:
 
 
 def _splat_ok(g, n, lanes) -> bool:
-    """A [R, 1] value of few rows (decode) computed across all the lanes (`_splat_sums`)."""
-    return lanes is not None and len(n.shape) == 2 and n.shape[-1] == 1 and n.shape[0] <= SPLAT_ROWS
+    """A [R, 1] value computed across all the lanes (see the module doc)."""
+    return lanes is not None and len(n.shape) == 2 and n.shape[-1] == 1
 
 
 def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
     """The graph with every profitable score region computed transposed (g itself if none);
-    with `lanes`, the lane sums of decode rows are splats (see the module doc)."""
+    with `lanes`, the lane sums of f16 rows are splats (see the module doc)."""
     cands = _candidates(g)
     sums = {n.id for n in g.nodes() if _mxm_sum(g, n)}
-    if not cands and not sums:
+    if not cands and not sums and not any(_rotated(g, n, lanes) for n in g.nodes()):
         return g
     region_of = {nid: s for s, (r, _) in cands.items() for nid in r}
     exit_of = {e: s for s, (_, ex) in cands.items() for e in ex}
@@ -247,6 +268,9 @@ def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
             if n.dtype != "f32":
                 r = add("cast", (r,), shape, n.dtype, {"to": n.dtype}, n)
             m[n.id] = splat(r, n) if wide else r
+        elif _rotated(g, n, lanes):               # a lane tree of rotations: the sum in every lane
+            r = add(n.op, (m[n.inputs[0]],), (n.shape[0], lanes), n.dtype, {**n.attrs, "splat": True}, n)
+            m[n.id] = splat(r, n)
         elif _splat_ok(g, n, lanes) and n.op in SPLAT_OPS and any(m[i] in wide_of for i in n.inputs) \
                 and all(m[i] in wide_of or _scalar(g.node(i)) for i in n.inputs):
             # an op on splats (rsqrt(var + eps)) runs on their wide sources: a splat too

@@ -213,3 +213,40 @@ def test_heads_joined_along_the_lanes_at_the_end_feed_the_mxm_with_their_rows_of
     assert any(n.op == "concat" for n in g.nodes()) and not any(n.op == "concat" for n in s.nodes())
     assert sum(n.op == "matmul" for n in s.nodes()) == sum(n.op == "matmul" for n in g.nodes()) + 3
     run_checked(src, m, 16, "a.lpu")
+
+
+# a layernorm of f32 rows wider than the lanes (bert_base's x + a): its mean a rotated lane tree
+LN_F32 = """param S = {S}
+param D = {D}
+input x : f16[S, D]
+input a : f32[S, D]
+weight g : f32[D]
+weight b : f32[D]
+output y = f16(layernorm(x + a, g, b))
+"""
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_layernorm_mean_of_wide_f32_rows_is_a_splat_of_rotations(machine):
+    from lpu.compiler.rewrite import rewrite
+    m = MachineConfig.load(machine)
+    src = LN_F32.format(S=6, D=2 * m.lanes + m.lanes // 3)
+    g = rewrite(elaborate_source(src, "ln.lpu", {}), m.lanes)
+    means = [n for n in g.nodes() if n.op == "mean"]
+    assert [bool(n.attrs.get("splat")) for n in means] == [True, False]    # the variance's stays
+    assert means[0].shape == (6, m.lanes)
+    run_checked(src, m, 5, "ln.lpu")      # predicted == emulated, within the reference's tolerance
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_exact_lane_plan_rotations_bring_every_lane_to_every_lane_once(machine):
+    from lpu.compiler.lower_reduce import lane_plan
+    from tests.test_schedule_decode import _LW
+    lw = _LW(machine)
+    lanes = lw.m.lanes
+    for nrows in (1, 128):
+        plan = lane_plan(lw, lanes, nrows, "f32", exact=True)
+        offsets = np.zeros(1, np.int64)
+        for shifts in plan:
+            offsets = (offsets[:, None] + np.asarray([0] + shifts)[None, :]).reshape(-1)
+        assert np.array_equal(np.sort(offsets % lanes), np.arange(lanes)), plan
