@@ -279,6 +279,12 @@ def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
             m[n.id] = splat(r, n)
         else:
             m[n.id] = add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n)
+    return rebuilt(g, new, m, first)
+
+
+def rebuilt(g: IRGraph, new: IRGraph, m: dict, first: dict) -> IRGraph:
+    """The end of a pass that copies g into new (m: old id -> new id; first: old id -> the first
+    new id made at or after it): names, outputs, states and loop trips mapped, dead nodes pruned."""
     new.decls = {k: m[v] for k, v in g.decls.items()}
     new.outputs = {k: m[v] for k, v in g.outputs.items()}
     new.final_states = {k: m[v] for k, v in g.final_states.items()}

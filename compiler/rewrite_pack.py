@@ -25,7 +25,7 @@ import numpy as np
 
 from lpu.compiler.ir import IRGraph
 from lpu.compiler import ops
-from lpu.compiler.rewrite import _loops, _prune
+from lpu.compiler.rewrite import rebuilt
 
 
 def _head(g: IRGraph, n, lanes):
@@ -192,11 +192,7 @@ def pack_heads(g: IRGraph, lanes: int) -> IRGraph:
                           {"index": ((j * nq, (j + 1) * nq), (0, nk))})
             continue
         m[n.id] = new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
-    new.decls = {k: m[v] for k, v in g.decls.items()}
-    new.outputs = {k: m[v] for k, v in g.outputs.items()}
-    new.final_states = {k: m[v] for k, v in g.final_states.items()}
-    new.loops = _loops(g.loops, first, len(new))
-    return _prune(new)
+    return rebuilt(g, new, m, first)
 
 
 def _weights_only(g: IRGraph, nid) -> bool:
@@ -302,8 +298,6 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
     new.params = dict(g.params)
     m: dict[int, int] = {}
     first: dict[int, int] = {}
-    consts: dict = {}                     # (chunk, k, dtype, shape, bytes) -> new id of that constant
-    at = [0, 0]                           # (chunk, constants made so far) of the pack being made
     for n in g.nodes():
         first[n.id] = len(new)
         if n.id not in todo:
@@ -323,8 +317,4 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
             parts = [new.add("add", (parts[j], parts[j + 1]), n.shape, n.dtype, {}, n.line, n.col)
                      for j in range(0, len(parts) - 1, 2)] + odd
         m[n.id] = parts[0]
-    new.decls = {k: m[v] for k, v in g.decls.items()}
-    new.outputs = {k: m[v] for k, v in g.outputs.items()}
-    new.final_states = {k: m[v] for k, v in g.final_states.items()}
-    new.loops = _loops(g.loops, first, len(new))
-    return _prune(new)
+    return rebuilt(g, new, m, first)

@@ -11,7 +11,7 @@ give (the same products and sum in f32, the same tables).
 from __future__ import annotations
 
 from lpu.compiler.ir import IRGraph
-from lpu.compiler.rewrite import _loops, _prune
+from lpu.compiler.rewrite import rebuilt
 
 
 def _heads(g: IRGraph, n, lanes: int):
@@ -59,8 +59,4 @@ def heads_rope(g: IRGraph, lanes: int) -> IRGraph:
                               n.line, n.col)
         else:
             m[n.id] = new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
-    new.decls = {k: m[v] for k, v in g.decls.items()}
-    new.outputs = {k: m[v] for k, v in g.outputs.items()}
-    new.final_states = {k: m[v] for k, v in g.final_states.items()}
-    new.loops = _loops(g.loops, first, len(new))
-    return _prune(new)
+    return rebuilt(g, new, m, first)

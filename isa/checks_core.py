@@ -3,7 +3,6 @@ messages; this takes arrays and returns the first bad index): a program of 14M i
 checked in well under a second instead of a numpy pass per field."""
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 I32_LO, I32_HI = -2**31, 2**31 - 1
