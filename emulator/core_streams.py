@@ -1,0 +1,155 @@
+"""The jitted core's shared vocabulary (emulator/core.py executes with it): its hazard kinds,
+order reasons, SRAM row flags, units and counters, and the stream-ring helpers every unit's
+execution uses (reading and writing a stream value, unread values, the MXM's order hazards,
+operand errors, plain copy loops). No state: arrays in, arrays out."""
+from numba import njit
+
+from lpu.emulator.arith import CORE_OPS
+
+C_READ_REF = len(CORE_OPS)   # a READ that puts a reference to its SRAM row on the stream (prepare.by_reference)
+
+TRANSPOSE_BUFFERS = 4
+
+# hazard kinds (messages in run.py)
+(H_NONE, H_STREAM_EMPTY, H_TWO_WRITERS, H_BANK, H_ADDR, H_BUSY, H_NOT_READY, H_DTYPE, H_OPERAND, H_SRAM_EMPTY,
+ H_UNREAD, H_INSTALL, H_ORDER, H_SRAM_CLOBBERED) = range(14)
+# H_ORDER reasons (x0; x1 the plane, x2 the row): the MXM's weight-buffer and accumulator protocol,
+# as the checker (compiler/verify_units.py, mxm-order) states it
+(ORD_RELOAD, ORD_STALE, ORD_RESET_UNREAD, ORD_ACCUM_READ, ORD_ACC_EMPTY, ORD_NOT_INSTALLED,
+ ORD_NEVER_READ) = range(7)
+# SRAM row flags (`valid`): 0 no value, 1 a value, RO_LOADED a loaded input, weight or constant,
+# RO_CLOBBERED such a row overwritten (reading it again is a hazard: the tensor is still live)
+RO_LOADED, RO_CLOBBERED = 2, 3
+H_FLUSH = 99      # not a hazard: the host is asked to multiply out a plane's batch (see `flush`)
+H_C2C = 98        # not a hazard: a chip-to-chip instruction, which the host runs (emulator/c2c.py)
+
+# the core's units (emulator/prepare.py maps the opcode table's unit of every opcode onto these)
+# and the unit each core operation runs on: an opcode reaches a core operation only if the
+# table puts it on the same unit
+U_MEM, U_VXM, U_MXM, U_SXM, U_C2C = range(5)
+UNIT_CODE = {"mem": U_MEM, "vxm": U_VXM, "mxm": U_MXM, "sxm": U_SXM, "c2c": U_C2C}
+_UNIT_OPS = {U_MEM: ("READ", "WRITE", "GATHER", "SCATTER"), U_MXM: ("LW", "IW", "ABC", "ACC"),
+             U_SXM: ("SHIFT", "ROTATE", "PERMUTE", "DISTRIBUTE", "TPIN", "TPOUT"), U_C2C: ("SEND", "RECV")}
+CORE_UNIT_OF = {name: next((u for u, names in _UNIT_OPS.items() if name in names), U_VXM) for name in CORE_OPS}
+
+# counters
+K_BANK_ACCESSES, K_VXM_BUSY, K_MXM_BUSY, K_SXM_BUSY, K_MACS, K_SRAM_READ, K_SRAM_WRITTEN = range(7)
+N_COUNTERS = 7
+
+NO_DIAG = -(1 << 62)
+
+
+@njit(cache=True, inline="always")
+def copy_run(x, y):
+    for l in range(y.shape[0]):
+        y[l] = x[l]
+
+
+@njit(cache=True, inline="always")
+def zero_run(y):
+    for l in range(y.shape[0]):
+        y[l] = 0
+
+
+@njit(cache=True, inline="always")
+def ref_ok(ref, w, spd):
+    d = (ref >> 6) & 3
+    s = ref & 63
+    return ref >= 0 and d <= 1 and s + w <= spd
+
+
+@njit(cache=True, inline="always")
+def stream_read(ref, w, q, c, ring, dst, hz):
+    """Read w byte planes of ref at position q in cycle c into dst; False on a hazard."""
+    ring_k, ring_pos, _, ring_pay, ring_rd, ring_row, mem = ring
+    d = (ref >> 6) & 3
+    s = ref & 63
+    k = c - q if d == 0 else c + q
+    slot = k & (ring_k.shape[2] - 1)
+    for b in range(w):
+        wpos = ring_pos[d, s + b, slot]
+        if ring_k[d, s + b, slot] != k or (d == 0 and wpos > q) or (d == 1 and wpos < q):
+            hz[0] = H_STREAM_EMPTY
+            hz[3] = d
+            hz[4] = s + b
+            hz[5] = k
+            hz[6] = wpos if ring_k[d, s + b, slot] == k else -1
+            return False
+    for b in range(w):
+        ring_rd[d, s + b, slot] = 1
+        row = ring_row[d, s + b, slot]
+        copy_run(ring_pay[d, s + b, slot] if row < 0 else mem[row], dst[b])
+    return True
+
+
+@njit(cache=True, inline="always")
+def stream_write(ref, w, p, c, ex, ring, src, hz, row=-1):
+    """Put w byte planes of src on ref at position p in cycle c (writer execution index ex);
+    or (w = 1, row >= 0) a reference to SRAM row `row` of `mem`, which every reader copies
+    (a READ whose row nothing can change while its value is on the stream: C_READ_REF)."""
+    ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, _ = ring
+    d = (ref >> 6) & 3
+    s = ref & 63
+    k = c - p if d == 0 else c + p
+    slot = k & (ring_k.shape[2] - 1)
+    for b in range(w):
+        old = ring_k[d, s + b, slot]
+        if old == k or (old != NO_DIAG and ring_rd[d, s + b, slot] == 0):   # written twice, or never read
+            hz[0], hz[3], hz[4], hz[5], hz[6] = H_TWO_WRITERS if old == k else H_UNREAD, d, s + b, old, \
+                ring_src[d, s + b, slot]
+            return False
+    for b in range(w):
+        ring_k[d, s + b, slot] = k
+        ring_pos[d, s + b, slot] = p
+        ring_src[d, s + b, slot] = ex
+        ring_rd[d, s + b, slot] = 0
+        ring_row[d, s + b, slot] = row
+        if row < 0:
+            copy_run(src[b], ring_pay[d, s + b, slot])
+    return True
+
+
+@njit(cache=True)
+def first_unread(ring, hz):
+    """At the end of the run: the earliest-written value still unread, as an H_UNREAD hazard."""
+    ring_k, ring_src, ring_rd = ring[0], ring[2], ring[4]
+    best = -1
+    for d in range(ring_k.shape[0]):
+        for s in range(ring_k.shape[1]):
+            for slot in range(ring_k.shape[2]):
+                if ring_k[d, s, slot] != NO_DIAG and ring_rd[d, s, slot] == 0 and (best < 0 or ring_src[d, s, slot] < best):
+                    best = ring_src[d, s, slot]
+                    hz[0], hz[3], hz[4], hz[5], hz[6] = H_UNREAD, d, s, ring_k[d, s, slot], best
+    return best < 0
+
+
+@njit(cache=True)
+def order_hazard(hz, reason, plane, row):
+    hz[0], hz[3], hz[4], hz[5] = H_ORDER, reason, plane, row
+    return False
+
+
+@njit(cache=True)
+def order_done(order, hz):
+    """At the end of the run: a weight row loaded but never installed, or an accumulator result
+    never read out (the earliest such instruction), as an H_ORDER hazard."""
+    lw_src, acc_state, acc_last = order
+    best = -1
+    for pl in range(lw_src.shape[0]):
+        for r in range(lw_src.shape[1]):
+            if lw_src[pl, r] >= 0 and (best < 0 or lw_src[pl, r] < best):
+                best = lw_src[pl, r]
+                hz[0], hz[3], hz[4], hz[5], hz[6] = H_ORDER, ORD_NOT_INSTALLED, pl, r, best
+        for r in range(acc_state.shape[1]):
+            if acc_state[pl, r] == 1 and (best < 0 or acc_last[pl, r] < best):
+                best = acc_last[pl, r]
+                hz[0], hz[3], hz[4], hz[5], hz[6] = H_ORDER, ORD_NEVER_READ, pl, r, best
+    return best < 0
+
+
+@njit(cache=True, inline="always")
+def operand_error(hz, field, value):
+    hz[0] = H_OPERAND
+    hz[3] = field
+    hz[4] = value
+    return False
