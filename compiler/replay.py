@@ -187,15 +187,13 @@ class Replayer:
         in trip l, copied because its lanes are not whole chunks): (the twin's block's grid,
         width, d) when the two blocks of their one input lie a multiple of the period apart, as
         blocks of a periodic layout do; else None."""
-        if n.op != "slice" or n.attrs.keys() != t.attrs.keys() or n.inputs[0] != t.inputs[0] and \
-                self.lw.grid.get(n.inputs[0]) is not self.lw.grid.get(t.inputs[0]):
-            return None
-        a, b = n.attrs["index"], t.attrs["index"]
-        if len(a) != len(b) or not a or not isinstance(a[0], int) or not isinstance(b[0], int) or a[1:] != b[1:] \
-                or any(k != "index" and not _same_attrs({k: n.attrs[k]}, {k: t.attrs[k]}) for k in n.attrs):
-            return None
         grid = self.lw.grid.get(n.inputs[0])
-        if grid is None or grid.ndim < 2:
+        if n.op != "slice" or grid is None or grid.ndim < 2 or grid is not self.lw.grid.get(t.inputs[0]):
+            return None
+        rest = ({k: v for k, v in x.attrs.items() if k != "index"} for x in (n, t))
+        a, b = n.attrs["index"], t.attrs["index"]
+        if not _same_attrs(*rest) or len(a) != len(b) or not a or not isinstance(a[0], int) \
+                or not isinstance(b[0], int) or a[1:] != b[1:]:
             return None
         d = grid[a[0]] - grid[b[0]]
         d0 = int(d.flat[0]) if d.size else 0

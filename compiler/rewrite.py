@@ -170,8 +170,7 @@ def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
         return g
     region_of = {nid: s for s, (r, _) in cands.items() for nid in r}
     exit_of = {e: s for s, (_, ex) in cands.items() for e in ex}
-    new = IRGraph(g.source_name, g.source)
-    new.params = dict(g.params)
+    new = rebuilding(g)
     m: dict[int, int] = {}          # old id -> new id (region nodes: their transposed version)
     tcache: dict[int, int] = {}     # old id -> new id of its transpose
     masks: dict = {}                # (shape, offset, dtype) -> new ids of a causal mask's constants
@@ -282,14 +281,30 @@ def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
     return rebuilt(g, new, m, first)
 
 
+def rebuilding(g: IRGraph) -> IRGraph:
+    """The empty graph a pass copies g into (same source and params; finish with `rebuilt`)."""
+    new = IRGraph(g.source_name, g.source)
+    new.params = dict(g.params)
+    return new
+
+
+def copied(new: IRGraph, n, m: dict) -> int:
+    """Node n added to new as it is, its inputs mapped through m (old id -> new id)."""
+    return new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+
+
 def rebuilt(g: IRGraph, new: IRGraph, m: dict, first: dict) -> IRGraph:
     """The end of a pass that copies g into new (m: old id -> new id; first: old id -> the first
     new id made at or after it): names, outputs, states and loop trips mapped, dead nodes pruned."""
+    return _prune(_mapped(g, new, m, first))
+
+
+def _mapped(g: IRGraph, new: IRGraph, m: dict, first: dict) -> IRGraph:
     new.decls = {k: m[v] for k, v in g.decls.items()}
     new.outputs = {k: m[v] for k, v in g.outputs.items()}
     new.final_states = {k: m[v] for k, v in g.final_states.items()}
     new.loops = _loops(g.loops, first, len(new))
-    return _prune(new)
+    return new
 
 
 def _loops(loops, first, end) -> list:
@@ -313,15 +328,10 @@ def _prune(g: IRGraph) -> IRGraph:
         todo.extend(g.node(nid).inputs)
     if len(live) == len(g):
         return g
-    new = IRGraph(g.source_name, g.source)
-    new.params = dict(g.params)
+    new = rebuilding(g)
     m, first = {}, {}
     for n in g.nodes():
         first[n.id] = len(new)
         if n.id in live:
-            m[n.id] = new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
-    new.loops = _loops(g.loops, first, len(new))
-    new.decls = {k: m[v] for k, v in g.decls.items()}
-    new.outputs = {k: m[v] for k, v in g.outputs.items()}
-    new.final_states = {k: m[v] for k, v in g.final_states.items()}
-    return new
+            m[n.id] = copied(new, n, m)
+    return _mapped(g, new, m, first)

@@ -25,7 +25,7 @@ import numpy as np
 
 from lpu.compiler.ir import IRGraph
 from lpu.compiler import ops
-from lpu.compiler.rewrite import rebuilt
+from lpu.compiler.rewrite import copied, rebuilding, rebuilt
 
 
 def _head(g: IRGraph, n, lanes):
@@ -144,8 +144,7 @@ def pack_heads(g: IRGraph, lanes: int) -> IRGraph:
         for j, r in enumerate(rs or ()):
             for i, x in enumerate(r):
                 where[x] = (key, i, j)
-    new = IRGraph(g.source_name, g.source)
-    new.params = dict(g.params)
+    new = rebuilding(g)
     m: dict[int, int] = {}
     made: dict = {}                       # pack key -> new ids of its packed region
     trans: dict = {}                      # (pack key, position) -> new id of the packed node transposed
@@ -191,7 +190,7 @@ def pack_heads(g: IRGraph, lanes: int) -> IRGraph:
             m[n.id] = add("slice", (trans[key, i],), n.shape, n.dtype,
                           {"index": ((j * nq, (j + 1) * nq), (0, nk))})
             continue
-        m[n.id] = new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+        m[n.id] = copied(new, n, m)
     return rebuilt(g, new, m, first)
 
 
@@ -294,14 +293,13 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
     todo = {n.id for n in g.nodes() if _split_join(g, n, lanes)}
     if not todo:
         return g
-    new = IRGraph(g.source_name, g.source)
-    new.params = dict(g.params)
+    new = rebuilding(g)
     m: dict[int, int] = {}
     first: dict[int, int] = {}
     for n in g.nodes():
         first[n.id] = len(new)
         if n.id not in todo:
-            m[n.id] = new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+            m[n.id] = copied(new, n, m)
             continue
         c, w = (g.node(i) for i in n.inputs)
         parts, off = [], 0

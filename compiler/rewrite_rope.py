@@ -11,7 +11,7 @@ give (the same products and sum in f32, the same tables).
 from __future__ import annotations
 
 from lpu.compiler.ir import IRGraph
-from lpu.compiler.rewrite import rebuilt
+from lpu.compiler.rewrite import copied, rebuilding, rebuilt
 
 
 def _heads(g: IRGraph, n, lanes: int):
@@ -47,8 +47,7 @@ def heads_rope(g: IRGraph, lanes: int) -> IRGraph:
     cands = {n.id: h for n in g.nodes() if (h := _heads(g, n, lanes)) is not None}
     if not cands:
         return g
-    new = IRGraph(g.source_name, g.source)
-    new.params = dict(g.params)
+    new = rebuilding(g)
     m: dict[int, int] = {}
     first: dict[int, int] = {}
     for n in g.nodes():
@@ -58,5 +57,5 @@ def heads_rope(g: IRGraph, lanes: int) -> IRGraph:
             m[n.id] = new.add("rope", (m[x],), n.shape, n.dtype, {"pos": pos, "theta": theta, "hd": hd},
                               n.line, n.col)
         else:
-            m[n.id] = new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+            m[n.id] = copied(new, n, m)
     return rebuilt(g, new, m, first)
