@@ -3,14 +3,15 @@
 Each queue's instructions are sorted by cycle; a run of copies at a constant distance whose
 address (row, accumulator, column) goes up by one becomes the first plus `REPEAT n d`; a gap
 becomes `NOP n`; every used queue starts with SYNC and the ICU queue with NOTIFY (all queues
-start in cycle 0). The loops are jitted (repeat_core.py): one sort, one gather, one pass for
-the runs, two for the rows.
+start in cycle 0). The loops are jitted (repeat_core.py): each placed batch is appended to its
+queues' segments (sequential reads and writes), each segment sorted by cycle where it is not
+already, one pass for the runs, two for the rows.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler.repeat_core import find_runs, queue_order, sorted_columns, stream_rows
+from lpu.compiler.repeat_core import find_runs, scatter_by_queue, sort_segments, stream_rows
 from lpu.isa import opcodes as O
 from lpu.isa.program import Program
 
@@ -20,13 +21,7 @@ REPEAT_FIELD = np.array(O.REPEAT_FIELD, np.int64)
 def codegen(machine, placed, symbols, tables, nodes, predicted, source_name="", source_lines=(), repeat=True):
     """placed: schedule.Placed (emptied here). repeat: emit regular runs as one instruction
     plus REPEAT (repeat_core.find_runs)."""
-    cyc, q, ops, args, lines, node = placed.take()
-    order, twice = queue_order(q, cyc, len(machine.queues))
-    if twice >= 0:
-        i = int(order[twice])
-        raise AssertionError(f"queue {machine.queues[int(q[i])][0]} issues twice in cycle {int(cyc[i])}")
-    q, cyc, ops, args, lines, node = sorted_columns(order, q, cyc, ops, args, lines, node)
-    del order
+    q, cyc, ops, args, lines, node = by_queue(placed.take_parts(), machine.queues)
     if repeat and len(q):
         count, dist = find_runs(q, cyc, ops, args, lines, node, REPEAT_FIELD)
     else:
@@ -37,3 +32,26 @@ def codegen(machine, placed, symbols, tables, nodes, predicted, source_name="", 
     return Program(machine=machine, queue=out_q, op=out_op, args=out_args, line=out_line, node=out_node,
                    symbols=symbols, tables=tables, nodes=list(nodes), predicted_cycles=predicted,
                    source_name=source_name, source_lines=list(source_lines))
+
+
+def by_queue(parts: list, queues) -> tuple:
+    """The placed batches' columns (q, cycle, op, args, line, node) sorted by queue, then cycle;
+    each batch is freed once it is copied. A queue that issues twice in one cycle is a
+    scheduler bug."""
+    nq = len(queues)
+    start = np.zeros(nq + 1, np.int64)
+    for p in parts:
+        start[1:] += np.bincount(p[1], minlength=nq)
+    np.cumsum(start, out=start)
+    n = int(start[-1])
+    q, cyc = np.empty(n, np.int32), np.empty(n, np.int64)
+    ops, lines, node = np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32)
+    args = np.empty((n, O.NARGS), np.int32)
+    pos = start[:-1].copy()
+    while parts:
+        c, qq, o, a, ln, nd = parts.pop(0)
+        scatter_by_queue(pos, qq, c, o, a, ln, nd, q, cyc, ops, args, lines, node)
+    twice = sort_segments(start, cyc, ops, args, lines, node)
+    if twice >= 0:
+        raise AssertionError(f"queue {queues[int(q[twice])][0]} issues twice in cycle {int(cyc[twice])}")
+    return q, cyc, ops, args, lines, node

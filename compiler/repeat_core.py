@@ -14,7 +14,7 @@ from numba import njit
 
 @njit(cache=True)
 def find_runs(q, cyc, op, args, line, node, field):
-    """All columns sorted by queue, then cycle (`sorted_columns`). Returns (count, dist):
+    """All columns sorted by queue, then cycle (`scatter_by_queue`, `sort_segments`). Returns (count, dist):
     count[i] = copies that follow row i in its REPEAT (0: none), -1 where row i is such a copy."""
     n = len(q)
     count = np.zeros(n, np.int32)
@@ -50,57 +50,43 @@ def find_runs(q, cyc, op, args, line, node, field):
 
 
 @njit(cache=True)
-def sorted_columns(order, q, cyc, op, args, line, node):
-    """Every column read through `order`, in one pass."""
-    n = len(order)
+def scatter_by_queue(pos, q, cyc, op, args, line, node, oq, ocyc, oop, oargs, oline, onode):
+    """One batch of placed instructions appended to its queues' segments of the out columns
+    (pos[q]: the next free row of queue q's segment). Reads are sequential and each queue's
+    writes too, unlike a gather through a sorted order."""
     nargs = args.shape[1]
-    q2, c2, o2 = np.empty(n, q.dtype), np.empty(n, cyc.dtype), np.empty(n, op.dtype)
-    a2, l2, n2 = np.empty((n, nargs), args.dtype), np.empty(n, line.dtype), np.empty(n, node.dtype)
-    for i in range(n):
-        a = order[i]
-        q2[i], c2[i], o2[i], l2[i], n2[i] = q[a], cyc[a], op[a], line[a], node[a]
+    for i in range(len(q)):
+        qi = q[i]
+        d = pos[qi]
+        pos[qi] = d + 1
+        oq[d], ocyc[d], oop[d], oline[d], onode[d] = qi, cyc[i], op[i], line[i], node[i]
         for k in range(nargs):
-            a2[i, k] = args[a, k]
-    return q2, c2, o2, a2, l2, n2
+            oargs[d, k] = args[i, k]
 
 
 @njit(cache=True)
-def queue_order(q, cyc, nq):
-    """Instruction indices sorted by (queue, cycle), and the first position in that order at
-    which two instructions of one queue meet in one cycle (-1 if none). Two counting sorts
-    (cycles are bounded by the schedule's length): by cycle, then stably by queue."""
-    n = len(q)
-    order = np.empty(n, np.int64)
-    if n == 0:
-        return order, -1
-    lo, hi = cyc[0], cyc[0]
-    for i in range(n):
-        lo = min(lo, cyc[i])
-        hi = max(hi, cyc[i])
-    count = np.zeros(hi - lo + 2, np.int64)
-    for i in range(n):
-        count[cyc[i] - lo + 1] += 1
-    for k in range(hi - lo + 1):
-        count[k + 1] += count[k]
-    by_cycle = np.empty(n, np.int64)
-    for i in range(n):
-        k = cyc[i] - lo
-        by_cycle[count[k]] = i
-        count[k] += 1
-    start = np.zeros(nq + 1, np.int64)
-    for i in range(n):
-        start[q[i] + 1] += 1
-    for k in range(nq):
-        start[k + 1] += start[k]
-    for j in range(n):
-        i = by_cycle[j]
-        order[start[q[i]]] = i
-        start[q[i]] += 1
-    for j in range(1, n):
-        a, b = order[j - 1], order[j]
-        if q[a] == q[b] and cyc[a] == cyc[b]:
-            return order, j
-    return order, -1
+def sort_segments(start, cyc, op, args, line, node):
+    """Each queue's segment [start[q], start[q+1]) sorted by cycle in place (chain order is
+    nearly cycle order already: most segments need no sort). Returns the first row whose
+    queue issues twice in its cycle (-1 if none)."""
+    for s in range(len(start) - 1):
+        a, b = start[s], start[s + 1]
+        ordered = True
+        for j in range(a + 1, b):
+            if cyc[j] < cyc[j - 1]:
+                ordered = False
+                break
+        if not ordered:
+            perm = np.argsort(cyc[a:b], kind="mergesort") + a
+            cyc[a:b] = cyc[perm]
+            op[a:b] = op[perm]
+            line[a:b] = line[perm]
+            node[a:b] = node[perm]
+            args[a:b] = args[perm]
+        for j in range(a + 1, b):
+            if cyc[j] == cyc[j - 1]:
+                return j
+    return -1
 
 
 @njit(cache=True)

@@ -47,9 +47,9 @@ class Placed:
         self.n += len(values[0])
 
     def take(self):
-        """The arrays; the Placed is empty afterwards (each column's batches are freed as soon
-        as the column is joined, so the peak is the whole plus one column)."""
-        parts, self.parts, self.n = self.parts, [], 0
+        """The arrays in chain order; the Placed is empty afterwards (each column's batches are
+        freed as soon as the column is joined, so the peak is the whole plus one column)."""
+        parts = self.take_parts()
         out = []
         for k, (name, dt) in enumerate(self.COLS):
             cols = [p[k] for p in parts]
@@ -61,6 +61,12 @@ class Placed:
                 p[k] = None
             del cols
         return tuple(out)
+
+    def take_parts(self) -> list:
+        """The batches as placed ([cycle, queue, op, args, line, node] each); the Placed is
+        empty afterwards."""
+        parts, self.parts, self.n = self.parts, [], 0
+        return parts
 
 
 class Scheduler:
