@@ -272,6 +272,10 @@ class ChainArrays:
     def n_ins(self) -> int:
         return len(self.off)
 
+    @property
+    def n_chains(self) -> int:
+        return len(self.hint)
+
 
 def encode(chains, reg: Registry) -> ChainArrays:
     """Chain objects, Flat and Rows batches, in order, as one ChainArrays."""

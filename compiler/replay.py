@@ -26,16 +26,15 @@ so every timing rule is checked as before; only Python's building of the chains 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 
-from lpu.compiler.chainspec import FIELDS, Rows, _EMPTY, batch_rows
+from lpu.compiler.chainspec import FIELDS, ChainArrays, _EMPTY, _arrays, batch_rows
 from lpu.isa import opcodes as O
-from lpu.isa.opcodes import NARGS, dtype_width
+from lpu.isa.opcodes import dtype_width
 
-_R, _W = 4 + NARGS + 1, 4 + NARGS + 2     # ins columns: counts of slots read, written
-_ADDR = 4 + 1                              # ins column of READ/WRITE's addr arg
-_NODE = 5                                  # chains column: IR node
+_ADDR = 1                                  # READ/WRITE's addr arg
 
 
 def periodic_leaves(graph, plan) -> set:
@@ -55,7 +54,7 @@ def periodic_leaves(graph, plan) -> set:
 
 
 class Record:
-    __slots__ = ("log", "rows", "dirty_before", "dirty_after", "sxm_flip", "load_delta", "out_region", "deferred")
+    __slots__ = ("log", "arrays", "dirty_before", "dirty_after", "sxm_flip", "load_delta", "out_region", "deferred")
 
 
 class Replayer:
@@ -115,7 +114,7 @@ class Replayer:
         return r
 
     def end(self, n, r: Record | None, aliased: bool):
-        """After lowering node n: close its record (its chains become one Rows batch)."""
+        """After lowering node n: close its record (its chains become one ChainArrays batch)."""
         self.lowered += 1
         self._forget(n.id)
         if r is None:
@@ -127,8 +126,8 @@ class Replayer:
         r.load_delta = {u: v - r.load_delta.get(u, 0) for u, v in c.mxm_load.items()}
         r.out_region = None if aliased or not r.log else (r.log[0][2], r.log[0][1])
         r.deferred = [region for _, region in lw.deferred[r.deferred:]]   # scratch freed later (free_scratch)
-        r.rows = _rows(lw.chains, lw.ctx.reg)
-        lw.chains = [Rows(**r.rows)]
+        r.arrays = _arrays([_rows(lw.chains, lw.ctx.reg)])
+        lw.chains = [_own(r.arrays)]
         self.rec[n.id] = r
 
     def _forget(self, nid):
@@ -149,8 +148,8 @@ class Replayer:
             return False
         if (r.out_region is None) != aliased and r.log:
             return False
-        rows = _shifted(r.rows, shifts, n.id, self.period) if shifts else _renamed(r.rows, n.id)
-        if rows is None or not lw.alloc.replays(r.log):
+        arrays = _shifted(r.arrays, shifts, n.id, self.period) if shifts else _renamed(r.arrays, n.id)
+        if arrays is None or not lw.alloc.replays(r.log):
             return False
         c = lw.ctx
         c.lw_dirty = dict(r.dirty_after)
@@ -161,11 +160,11 @@ class Replayer:
         lw.grid[n.id] = lw.grid[t]
         if r.out_region is not None:
             lw.regions[n.id] = r.out_region
-        lw.chains = [Rows(**rows)]
+        lw.chains = [_own(arrays)]
         self._forget(n.id)
         if n.id in self.wanted:       # n is the next trip's twin: its record is the twin's, renamed
             new = copy.copy(r)
-            new.rows = rows
+            new.arrays = arrays
             self.rec[n.id] = new
         self.replayed += 1
         return True
@@ -274,16 +273,17 @@ def _rows(chains, reg) -> dict:
     return {f: np.concatenate([p[f] for p in parts]) if parts else _EMPTY[f] for f in FIELDS}
 
 
-def _renamed(rows: dict, node: int) -> dict:
-    out = dict(rows)
-    ch = rows["chains"].copy()
-    ch[:, _NODE] = node
-    out["chains"] = ch
-    return out
+def _own(a: ChainArrays) -> ChainArrays:
+    """The batch with its own args (the scheduler writes the stream references into them)."""
+    return replace(a, args=a.args.copy())
 
 
-def _shifted(rows: dict, shifts, node: int, period: int):
-    """The rows with every slot of a moved input shifted (and its READ/WRITE's address), or
+def _renamed(a: ChainArrays, node: int) -> ChainArrays:
+    return replace(a, node=np.full(a.n_chains, node, np.int64))
+
+
+def _shifted(a: ChainArrays, shifts, node: int, period: int):
+    """The batch with every slot of a moved input shifted (and its READ/WRITE's address), or
     None where a slot would move by two different amounts or a non-MEM instruction touches one."""
     slots, delta = [], []
     for grid, w, d in shifts:
@@ -303,22 +303,22 @@ def _shifted(rows: dict, shifts, node: int, period: int):
         i = np.minimum(np.searchsorted(slots, x), len(slots) - 1)
         return np.where(slots[i] == x, delta[i], 0)
 
-    out = _renamed(rows, node)
-    ins = rows["ins"]
-    addr = np.zeros(len(ins), np.int64)
-    for key, col in (("r_data", _R), ("w_data", _W)):
-        data = rows[key]
-        dd = moved(data[:, 0])
+    n = a.n_ins
+    addr = np.zeros(n, np.int64)
+    changed = {}
+    for key, ptr in (("r_data", a.r_ptr), ("w_data", a.w_ptr)):
+        data = getattr(a, key)
+        dd = moved(data)
         if not dd.any():
             continue
-        owner = np.repeat(np.arange(len(ins)), ins[:, col])
-        hit = owner[dd != 0]
-        if np.any(~np.isin(ins[hit, 2], (O.READ, O.WRITE))) or np.any(ins[hit, col] != 1):
+        cnt = np.diff(ptr)
+        hit = np.repeat(np.arange(n), cnt)[dd != 0]
+        if np.any(~np.isin(a.op[hit], (O.READ, O.WRITE))) or np.any(cnt[hit] != 1):
             return None
         addr[hit] += dd[dd != 0] // period
-        out[key] = data + dd[:, None]
+        changed[key] = data + dd
     if addr.any():
-        ins = ins.copy()
-        ins[:, _ADDR] += addr
-        out["ins"] = ins
-    return out
+        args = a.args.copy()
+        args[:, _ADDR] += addr
+        changed["args"] = args
+    return replace(_renamed(a, node), **changed)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import place_core as P
-from lpu.compiler.chainspec import Chain, Flat, Ins, Registry, Rows, encode  # noqa: F401  (Ins: the contract)
+from lpu.compiler.chainspec import Chain, ChainArrays, Flat, Ins, Registry, Rows, encode  # noqa: F401  (Ins: the contract)
 from lpu.isa.opcodes import NARGS, OPS, latency_table
 
 BATCH = 1 << 15     # instructions buffered before a batch is placed
@@ -90,9 +90,10 @@ class Scheduler:
         self.npending = 0
         self.out = Placed()
 
-    def place(self, chain: Chain | Flat | Rows):
-        """Queue a chain (or a Flat or Rows batch of them, ids from this scheduler's registry) for
-        placement; chains are placed in the order given."""
+    def place(self, chain: Chain | Flat | Rows | ChainArrays):
+        """Queue a chain (or a Flat, Rows or ChainArrays batch of them, ids from this scheduler's
+        registry) for placement; chains are placed in the order given. A ChainArrays batch is
+        placed as it is (its args get the stream references): give the scheduler its own."""
         self.pending.append(chain)
         self.npending += len(chain.ins) if isinstance(chain, Chain) else chain.n_ins
         if self.npending >= BATCH:
@@ -102,7 +103,19 @@ class Scheduler:
         if not self.pending:
             return
         chains, self.pending, self.npending = self.pending, [], 0
-        a = encode(chains, self.reg)
+        run = []
+        for ch in chains:
+            if isinstance(ch, ChainArrays):
+                if run:
+                    self._place(encode(run, self.reg))
+                    run = []
+                self._place(ch)
+            else:
+                run.append(ch)
+        if run:
+            self._place(encode(run, self.reg))
+
+    def _place(self, a: ChainArrays):
         self.markers = _grown(self.markers, len(self.reg.markers))
         self.hints = _grown(self.hints, len(self.reg.hints))
         qg_ptr, qg_q = self.reg.qgroup_arrays()
