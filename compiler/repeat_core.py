@@ -65,6 +65,35 @@ def scatter_by_queue(pos, q, cyc, op, args, line, node, oq, ocyc, oop, oargs, ol
 
 
 @njit(cache=True)
+def _cycle_order(c):
+    """The stable sorting order of the cycles c: a radix sort, 11 bits a pass."""
+    n = len(c)
+    lo, hi = c[0], c[0]
+    for i in range(n):
+        lo = min(lo, c[i])
+        hi = max(hi, c[i])
+    perm = np.arange(n)
+    tmp = np.empty(n, np.int64)
+    count = np.empty(2049, np.int64)
+    shift = 0
+    while True:
+        count[:] = 0
+        for i in range(n):
+            count[((c[i] - lo) >> shift & 2047) + 1] += 1
+        for k in range(2048):
+            count[k + 1] += count[k]
+        for i in range(n):
+            j = perm[i]
+            k = (c[j] - lo) >> shift & 2047
+            tmp[count[k]] = j
+            count[k] += 1
+        perm, tmp = tmp, perm
+        shift += 11
+        if (hi - lo) >> shift == 0:
+            return perm
+
+
+@njit(cache=True)
 def sort_segments(start, cyc, op, args, line, node):
     """Each queue's segment [start[q], start[q+1]) sorted by cycle in place (chain order is
     nearly cycle order already: most segments need no sort). Returns the first row whose
@@ -77,7 +106,7 @@ def sort_segments(start, cyc, op, args, line, node):
                 ordered = False
                 break
         if not ordered:
-            perm = np.argsort(cyc[a:b], kind="mergesort") + a
+            perm = _cycle_order(cyc[a:b]) + a
             cyc[a:b] = cyc[perm]
             op[a:b] = op[perm]
             line[a:b] = line[perm]
