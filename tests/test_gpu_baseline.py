@@ -363,7 +363,8 @@ def test_tensor_parallel_decode_within_target(rows):
 def test_validate_prints_targets_and_notes(rows):
     text = validate.format_targets(rows)
     assert "a100-80gb  held-out median" in text and "h100-sxm   held-out median" in text
-    assert "note: gpt-fast's own bandwidth column" in text
+    assert "note: the row takes more than twice this model's 4-GPU time" in text
+    assert "note: cuBLAS's kernel choice, not the hardware" in text
 
 
 def test_h200_held_out_worst(rows):
