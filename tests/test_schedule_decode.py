@@ -146,3 +146,33 @@ def test_alloc_near_takes_the_slices_nearest_the_vxm_unless_first_fit_is_near_en
     cost = max(near[(first + k) % m.mem_slices] for k in range(4))
     assert a.alloc_near(4, near, cost) == first
     assert a.alloc_near(4, near, 0) not in (start, first)
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("d,heads,roped", [(64, 4, False), (64, 8, True), (96, 3, False), (24, 3, False)])
+def test_decode_heads_read_the_caches_in_place(machine, d, heads, roped):
+    """compiler/rewrite_decode.py: a decode step's heads take their scores from the query masked
+    to their lanes and the cache chunk installed as it lies, the heads of a chunk as rows of one
+    product each way, their outputs combined by masks: no lane moves (no PERMUTE but the one
+    rope's), exactly the reference's values. Heads that straddle a chunk (96 / 3 = 32 lanes on a
+    16-lane machine stay in one; 24 / 3 = 8 do; tiny's 16 lanes and 32-wide heads do not) are
+    left as they were."""
+    from lpu.compiler.frontend import elaborate_source
+    from lpu.compiler.rewrite_decode import decode_heads
+    from lpu.isa.opcodes import OPS
+    m = MachineConfig.load(machine)
+    hd = d // heads
+    q = f"rope(q[:, i*{hd}:(i+1)*{hd}], 9)" if roped else f"q[:, i*{hd}:(i+1)*{hd}]"
+    src = (f"input x : f16[1, {d}]\nweight wq : f16[{d}, {d}]\nstate kc : f16[16, {d}]\nstate vc : f16[16, {d}]\n"
+           f"q = f16(x @ wq)\n"
+           f"hs = [f16(softmax({q} @ kc[0:10, i*{hd}:(i+1)*{hd}].T * 0.125) @ vc[0:10, i*{hd}:(i+1)*{hd}]) "
+           f"for i in 0..{heads}]\noutput y = concat(hs, axis=1) * 1.0\n")
+    prog = _run_checked(src, machine)
+    g = decode_heads(elaborate_source(src, "d.lpu", {}), m.lanes)
+    in_place = hd < m.lanes and m.lanes % hd == 0
+    stacked = [n for n in g.nodes() if n.op == "matmul" and "heads" in n.attrs]
+    assert bool(stacked) == in_place
+    if in_place:
+        assert sum(n.attrs["heads"] for n in stacked) == 2 * heads
+        permutes = int(np.sum(prog.op == next(o.code for o in OPS if o.name == "PERMUTE")))
+        assert permutes <= (-(-d // m.lanes) if roped else 0), permutes
