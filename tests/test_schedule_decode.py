@@ -38,6 +38,27 @@ def test_lane_plan_brings_every_lane_to_lane_0_exactly_once(machine, width, nrow
     assert np.array_equal(inside, np.arange(width)), (plan, inside)
 
 
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("width", [2, 3, 5, 8, 64, 100, 160])
+@pytest.mark.parametrize("nrows", [1, 40])
+def test_window_lane_plan_leaves_the_sum_in_each_of_the_rows_lanes(machine, width, nrows):
+    """lane_plan(window=True): rotations by -(w-1) .. w in all; each lane of the row sees every
+    lane of the row exactly once, the other lanes it sees are past the row (its padding)."""
+    lw = _LW(machine)
+    lanes = lw.m.lanes
+    if 2 * width > lanes + 1:
+        return
+    plan = lane_plan(lw, width, nrows, "f32", exact=True, window=True)
+    offsets = np.zeros(1, np.int64)
+    for shifts in plan:
+        assert shifts and 0 not in shifts
+        offsets = (offsets[:, None] + np.asarray([0] + shifts)[None, :]).reshape(-1)
+    assert np.array_equal(np.sort(offsets), np.arange(-(width - 1), width + 1))
+    for lane in range(width):
+        seen = (lane + offsets) % lanes
+        assert np.array_equal(np.sort(seen[seen < width]), np.arange(width)), (plan, lane)
+
+
 def test_one_row_lane_reduction_is_one_sxm_round_trip():
     m = MachineConfig.load("tsp-v1")
     trip = 2 * abs(m.vxm_pos - m.sxm_pos(0))
@@ -156,7 +177,7 @@ def test_decode_heads_read_the_caches_in_place(machine, d, heads, roped):
     product each way, their outputs combined by masks: no lane moves (no PERMUTE but the one
     rope's), exactly the reference's values. Heads that straddle a chunk (96 / 3 = 32 lanes on a
     16-lane machine stay in one; 24 / 3 = 8 do; tiny's 16 lanes and 32-wide heads do not) are
-    left as they were."""
+    left as they were. A row's max and sum land in each of its lanes (no DISTRIBUTE)."""
     from lpu.compiler.frontend import elaborate_source
     from lpu.compiler.rewrite_decode import decode_heads
     from lpu.isa.opcodes import OPS
@@ -174,5 +195,8 @@ def test_decode_heads_read_the_caches_in_place(machine, d, heads, roped):
     assert bool(stacked) == in_place
     if in_place:
         assert sum(n.attrs["heads"] for n in stacked) == 2 * heads
-        permutes = int(np.sum(prog.op == next(o.code for o in OPS if o.name == "PERMUTE")))
+        code = {o.name: o.code for o in OPS}
+        permutes = int(np.sum(prog.op == code["PERMUTE"]))
         assert permutes <= (-(-d // m.lanes) if roped else 0), permutes
+        if 2 * 10 <= m.lanes + 1:      # each row's max and sum in the row's own lanes: no broadcast
+            assert not np.any(prog.op == code["DISTRIBUTE"])
