@@ -10,9 +10,10 @@
   alias       a `store`: the new state version lives in the state's own region
   fused       an elementwise op whose one user is elementwise too: no storage, computed
               inside its user's chains (lower_fuse.py)
-  joined      a concat along the rows of temporaries only it uses: its region is taken when
-              the first of them is lowered, and each (a `part`) is computed straight into its
-              rows (the heads' transposed outputs joined: no copy per row)
+  joined      a concat along the rows of temporaries only it uses, or along their lanes in
+              whole chunks: its region is taken when the first of them is lowered, and each (a
+              `part`) is computed straight into its rows or chunks (the heads' transposed
+              outputs joined, a decode step's heads per chunk: no copy)
   temp        everything else: computed into a fresh region, freed after its last use
 
 It also finds each temporary region's last use (through views) so that `lower` can free it.
