@@ -14,6 +14,7 @@ from lpu.compiler.ir import IRGraph
 from lpu.compiler.lower import lower
 from lpu.compiler.rewrite import rewrite
 from lpu.compiler.rewrite_pack import pack_heads, split_joins
+from lpu.compiler.rewrite_decode import decode_heads
 from lpu.compiler.rewrite_rope import heads_rope
 from lpu.compiler.schedule import Scheduler
 from lpu.isa.machine import MachineConfig
@@ -52,8 +53,8 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
                    before=None, after=None, hooks=None) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
-    graph = heads_rope(split_joins(pack_heads(rewrite(graph, machine.lanes), machine.lanes), machine.lanes),
-                       machine.lanes)      # layout choices as graph rewrites
+    graph = decode_heads(heads_rope(split_joins(pack_heads(rewrite(graph, machine.lanes), machine.lanes), machine.lanes),
+                                    machine.lanes), machine.lanes)      # layout choices as graph rewrites
     reg = Registry()
     sched = Scheduler(machine, reg)
     placing = [0.0]

@@ -80,7 +80,8 @@ class Lowerer:
         self.depth = 0
         # hops from each MEM slice to the VXM, in a decode step (every matmul of one row): its
         # small temporaries go where their trips are short (None: first fit)
-        decode = all(int(np.prod(graph.node(n.inputs[0]).shape[:-1])) == 1 for n in graph.nodes() if n.op == "matmul")
+        decode = all(int(np.prod(graph.node(n.inputs[0]).shape[:-1])) == 1 for n in graph.nodes()
+                     if n.op == "matmul" and "heads" not in n.attrs)     # (a decode step's heads as rows)
         self.near_vxm = [abs(machine.slice_pos(s) - machine.vxm_pos) for s in range(machine.mem_slices)] if decode else None
 
     # ---- storage -----------------------------------------------------------------------------
@@ -268,11 +269,14 @@ class Lowerer:
         cat = self.g.node(cid)
         if cid not in self.grid:
             self.grid[cid] = self.new_region(cat.shape, cat.dtype, f"'concat' at line {cat.line}", owner=cid)
+        ax = 0 if cat.attrs["axis"] in (0, -2) else 1
         off = 0
         for i in cat.inputs:
             if i == n.id:
                 break
-            off += self.g.node(i).shape[0]
+            off += self.g.node(i).shape[ax]
+        if ax:              # whole chunks of the lanes
+            return self.grid[cid][:, off // self.lanes:off // self.lanes + grid_shape(n.shape, self.lanes)[-1]]
         return self.grid[cid][off:off + n.shape[0]]
 
     def view(self, n):

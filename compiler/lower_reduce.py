@@ -6,7 +6,10 @@
                        (ROTATE and MAX for max); the steps' radix chosen by the latency of
                        the trips between the VXM and the SXM against the SXM's issue cycles;
                        a reduction marked `splat` (compiler/rewrite.py) rotates over all the
-                       lanes instead (radices that multiply to the lanes): its result in every lane
+                       lanes instead (radices that multiply to the lanes): its result in every lane;
+                       marked `window` too (a decode row of w <= lanes / 2, whose users read its
+                       own lanes: compiler/rewrite_decode.py), by -(w-1) .. w: its result in each
+                       of the row's lanes, in fewer rotations
   over other axes      pairwise trees of VXM ops across vectors, fed from the streams, one
                        chain per block of vectors (as many as the ALUs and streams allow),
                        then over the blocks
@@ -184,10 +187,11 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
     t1, r1 = lw.temp((nrows, 2 * lanes), cdt)       # two scratch vectors per row: rows pipeline
     t1 = t1.reshape(lead_shape + (2,))
     width = min(c, lanes)
-    plan = lane_plan(lw, width, nrows * _peers(lw, n), cdt, exact=wide)
+    window = wide and bool(n.attrs.get("window")) and chunks == 1 and 2 * width <= lanes + 1
+    plan = lane_plan(lw, width, nrows * _peers(lw, n), cdt, exact=wide, window=window)
     steps = len(plan)
     # lanes past the row's end reach lane 0 only if the plan's shifts add up past it
-    pad_seen = chunks > 1 or sum(max(s) for s in plan) >= width
+    pad_seen = chunks > 1 or window or sum(max(s) for s in plan) >= width
     held, tree = [], _tree_leaves(lw, src_n.dtype)
     for lead in np.ndindex(src.shape[:-1]):
         ta, tb = int(t1[lead + (0,)]), int(t1[lead + (1,)])
@@ -262,13 +266,17 @@ def _factors(n: int, s: int) -> list | None:
     return sorted(out, reverse=True)
 
 
-def lane_plan(lw, width: int, nrows: int, cdt: str, exact: bool = False) -> list:
+def lane_plan(lw, width: int, nrows: int, cdt: str, exact: bool = False, window: bool = False) -> list:
     """The shifts of each lane step that brings the reduction of lanes 0 .. width-1 to lane
     0: step j shifts by span_j * i for i = 1 .. r-1 (those below width), span_{j+1} = r *
     span_j. Fewer steps mean fewer trips between the VXM and the SXM (about their distance
     twice each); more shifts per step cost SXM issue cycles (the queues of one SXM, as the
     streams take them) and VXM tree levels. The number of steps is the one of least latency,
-    the SXM cycles of all rows counted too (rows share the SXMs)."""
+    the SXM cycles of all rows counted too (rows share the SXMs). exact: rotations whose
+    radices multiply to the lanes (the result in every lane); window: rotations by -(width-1)
+    .. width in all (radices multiplying to 2 width, step j's offsets centred on digit j of
+    width - 1 in that mixed radix): every lane of the row sees each of its lanes once and
+    otherwise only lanes past the row (2 width <= lanes + 1), so the result is in each."""
     m, lat = lw.m, lw.ctx.lat
     if width <= 1:
         return []
@@ -276,7 +284,17 @@ def lane_plan(lw, width: int, nrows: int, cdt: str, exact: bool = False) -> list
     per_cycle = max(1, min(m.sxm_queues_per_hemisphere, m.streams_per_direction // dtype_width(cdt) - 1))
     best = None
     for s in range(1, max(1, math.ceil(math.log2(width))) + 1):
-        if exact:           # (rotations: the radices multiply to the lanes, every lane seen once)
+        if window:          # (rotations by -(width-1) .. width: radices multiplying to 2 width)
+            radices = _factors(2 * width, s)
+            if radices is None:
+                break
+            plan, span, rest = [], 1, width - 1
+            for r in radices:   # step j's offsets centred on digit c of width - 1 in the mixed radix
+                c, rest = rest % r, rest // r
+                plan.append([span * (i - c) for i in range(r) if i != c])
+                span *= r
+            radices = ()
+        elif exact:         # (rotations: the radices multiply to the lanes, every lane seen once)
             radices = _factors(m.lanes, s)
             if radices is None:
                 break
@@ -285,7 +303,8 @@ def lane_plan(lw, width: int, nrows: int, cdt: str, exact: bool = False) -> list
             while r ** s < width:
                 r += 1
             radices = [min(r, MAX_RADIX)] * s
-        plan, span = [], 1
+        if radices:
+            plan, span = [], 1
         for r in radices:
             if span >= (m.lanes if exact else width):
                 break

@@ -10,9 +10,10 @@
   alias       a `store`: the new state version lives in the state's own region
   fused       an elementwise op whose one user is elementwise too: no storage, computed
               inside its user's chains (lower_fuse.py)
-  joined      a concat along the rows of temporaries only it uses: its region is taken when
-              the first of them is lowered, and each (a `part`) is computed straight into its
-              rows (the heads' transposed outputs joined: no copy per row)
+  joined      a concat along the rows of temporaries only it uses, or along their lanes in
+              whole chunks: its region is taken when the first of them is lowered, and each (a
+              `part`) is computed straight into its rows or chunks (the heads' transposed
+              outputs joined, a decode step's heads per chunk: no copy)
   temp        everything else: computed into a fresh region, freed after its last use
 
 It also finds each temporary region's last use (through views) so that `lower` can free it.
@@ -110,7 +111,7 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
     for p in _keep_old_reads(graph, kind, fusable(graph, kind, lanes), store_ids):
         kind[p] = "fused"
     for n in nodes:
-        if _joins_rows(graph, kind, n):
+        if _joins_rows(graph, kind, n, lanes):
             kind[n.id] = "joined"
             for i in n.inputs:
                 kind[i], base[i] = "part", n.id
@@ -185,10 +186,14 @@ def level_order(graph: IRGraph, kind: dict) -> tuple[list[int], dict]:
     return sorted(depth, key=lambda i: (depth[i], i)), depth
 
 
-def _joins_rows(graph: IRGraph, kind: dict, n) -> bool:
+def _joins_rows(graph: IRGraph, kind: dict, n, lanes: int) -> bool:
     """A concat along the rows of 2-D temporaries that only it uses (the heads' transposed
-    outputs): each is computed straight into its rows of the concat's region, no copy."""
-    if n.op != "concat" or len(n.shape) != 2 or n.attrs["axis"] not in (0, -2) or kind[n.id] != "temp":
+    outputs), or along their lanes in whole chunks (a decode step's heads combined per chunk,
+    compiler/rewrite_decode.py): each is computed straight into its rows or chunks of the
+    concat's region, no copy."""
+    if n.op != "concat" or len(n.shape) != 2 or kind[n.id] != "temp":
+        return False
+    if n.attrs["axis"] not in (0, -2) and any(graph.node(i).shape[-1] % lanes for i in n.inputs[:-1]):
         return False
     if n.id in graph.outputs.values() or len(set(n.inputs)) != len(n.inputs):
         return False

@@ -38,6 +38,27 @@ def test_lane_plan_brings_every_lane_to_lane_0_exactly_once(machine, width, nrow
     assert np.array_equal(inside, np.arange(width)), (plan, inside)
 
 
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("width", [2, 3, 5, 8, 64, 100, 160])
+@pytest.mark.parametrize("nrows", [1, 40])
+def test_window_lane_plan_leaves_the_sum_in_each_of_the_rows_lanes(machine, width, nrows):
+    """lane_plan(window=True): rotations by -(w-1) .. w in all; each lane of the row sees every
+    lane of the row exactly once, the other lanes it sees are past the row (its padding)."""
+    lw = _LW(machine)
+    lanes = lw.m.lanes
+    if 2 * width > lanes + 1:
+        return
+    plan = lane_plan(lw, width, nrows, "f32", exact=True, window=True)
+    offsets = np.zeros(1, np.int64)
+    for shifts in plan:
+        assert shifts and 0 not in shifts
+        offsets = (offsets[:, None] + np.asarray([0] + shifts)[None, :]).reshape(-1)
+    assert np.array_equal(np.sort(offsets), np.arange(-(width - 1), width + 1))
+    for lane in range(width):
+        seen = (lane + offsets) % lanes
+        assert np.array_equal(np.sort(seen[seen < width]), np.arange(width)), (plan, lane)
+
+
 def test_one_row_lane_reduction_is_one_sxm_round_trip():
     m = MachineConfig.load("tsp-v1")
     trip = 2 * abs(m.vxm_pos - m.sxm_pos(0))
@@ -146,3 +167,42 @@ def test_alloc_near_takes_the_slices_nearest_the_vxm_unless_first_fit_is_near_en
     cost = max(near[(first + k) % m.mem_slices] for k in range(4))
     assert a.alloc_near(4, near, cost) == first
     assert a.alloc_near(4, near, 0) not in (start, first)
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("d,heads,roped,scale", [(64, 4, False, "0.125"), (64, 8, True, "0.125"),
+                                                 (96, 3, False, "0.125"), (24, 3, False, "0.125"),
+                                                 (64, 4, False, "(1.0 / (i + 1))")])
+def test_decode_heads_read_the_caches_in_place(machine, d, heads, roped, scale):
+    """compiler/rewrite_decode.py: a decode step's heads take their scores from the query masked
+    to their lanes and the cache chunk installed as it lies, the heads of a chunk as rows of one
+    product each way, their outputs combined by masks: no lane moves (no PERMUTE but the one
+    rope's), exactly the reference's values. Heads that straddle a chunk (96 / 3 = 32 lanes on a
+    16-lane machine stay in one; 24 / 3 = 8 do; tiny's 16 lanes and 32-wide heads do not) are
+    left as they were. Heads whose softmax chains differ (a scale per head) are not rows of one
+    product but still read the caches in place. A row's max and sum land in each of its lanes
+    (no DISTRIBUTE)."""
+    from lpu.compiler.frontend import elaborate_source
+    from lpu.compiler.rewrite_decode import decode_heads
+    from lpu.isa.opcodes import OPS
+    m = MachineConfig.load(machine)
+    hd = d // heads
+    q = f"rope(q[:, i*{hd}:(i+1)*{hd}], 9)" if roped else f"q[:, i*{hd}:(i+1)*{hd}]"
+    src = (f"input x : f16[1, {d}]\nweight wq : f16[{d}, {d}]\nstate kc : f16[16, {d}]\nstate vc : f16[16, {d}]\n"
+           f"q = f16(x @ wq)\n"
+           f"hs = [f16(softmax({q} @ kc[0:10, i*{hd}:(i+1)*{hd}].T * {scale}) @ vc[0:10, i*{hd}:(i+1)*{hd}]) "
+           f"for i in 0..{heads}]\noutput y = concat(hs, axis=1) * 1.0\n")
+    prog = _run_checked(src, machine)
+    g = decode_heads(elaborate_source(src, "d.lpu", {}), m.lanes)
+    in_place = hd < m.lanes and m.lanes % hd == 0
+    stacked = [n for n in g.nodes() if n.op == "matmul" and "heads" in n.attrs]
+    assert bool(stacked) == (in_place and scale == "0.125")
+    if in_place:
+        assert sum(n.attrs["heads"] for n in stacked) == (2 * heads if stacked else 0)
+        assert all(n.shape[-1] % m.lanes == 0 or n.shape[-1] == d % m.lanes
+                   for n in g.nodes() if n.op == "slice" and g.node(n.inputs[0]).op == "state")
+        code = {o.name: o.code for o in OPS}
+        permutes = int(np.sum(prog.op == code["PERMUTE"]))
+        assert permutes <= (-(-d // m.lanes) if roped else 0), permutes
+        if 2 * 10 <= m.lanes + 1:      # each row's max and sum in the row's own lanes: no broadcast
+            assert not np.any(prog.op == code["DISTRIBUTE"])

@@ -1,0 +1,342 @@
+"""Pass `decode_heads` (after `heads_rope`): a decode step's attention heads read the KV cache
+where it lies, at the heads' lane offsets, instead of copies of each head's lanes.
+
+A head's columns [c0, c1) of a row q and of the caches k and v sit at a lane offset within one
+vector chunk. Its score row q[:, c0:c1] @ k[rows, c0:c1].T and its output p @ v[rows, c0:c1]
+took copies of those lanes moved to lane 0 (an SXM permute per cache row and head every step,
+and one for the query on the step's critical path), and the heads' outputs were moved back to
+their lanes by the concat (another trip). Here:
+
+- scores: (q[:, chunk] * mask) @ k[rows, chunk].T, the mask 1 on the head's lanes and 0
+  elsewhere: the MXM installs the cache's own rows (views) and the other heads' lanes meet
+  zeros. The products are exact and added exactly before the one rounding to f32 (the MXM's
+  contract, docs/accumulation.md), so every score is the one the head's own product gives.
+  A query that is the rope of the head's slice (llama) is the slice of one rope of the row with
+  the tables per head (attr `hd`, as heads_rope makes for k): the same value in every lane.
+- outputs joined by concat(heads, axis=1), each head at its own columns of v: p @ v[rows,
+  chunk] puts the head's output in its own lanes (the MXM computes every lane of the chunk; the
+  other lanes hold other heads' sums), the heads of a chunk are combined by masks (x * 1 and
+  x * 0 + y are exact), then cast as each head was. No lane moves.
+- the heads of one chunk whose softmax chains agree (the same ops and constants from the score
+  to p) are rows of one product each way: q[:, chunk] * masks (a row per head) @ k[rows,
+  chunk].T, each head's softmax on its own row (row views, spread over both SXMs as before),
+  the rows of p joined in place (plan kind `joined`) @ v[rows, chunk], then the masked rows
+  summed across vectors (exact: each lane adds zeros to one head's value). One weight install
+  per chunk instead of one per head (the installs of one plane pair are serial).
+- the max and the sum of a single row of w <= lanes / 2 (a decode head's scores) that only
+  elementwise ops of the row use are splats over the row's own lanes (attrs `splat`, `window`:
+  rotations by -(w-1) .. w, lower_reduce.lane_plan), read as they are: no DISTRIBUTE trip (two
+  of a head's four SXM trips). Measured: llama_block_decode 2,224 -> 2,128 cycles,
+  gpt2_block_decode 2,128 -> 2,098, attention_decode 1,263 -> 1,210, gpt2_small_decode 36,692
+  -> 35,151 (the splat over all the lanes, radices multiplying to 320: llama 2,177, gpt2 block
+  2,116).
+  Measured: llama_block_decode 2,520 -> 2,224 cycles, gpt2_block_decode 2,308 -> 2,128,
+  gpt2_small_decode 37,820 -> 36,692 (one head per score and output product, the
+  installs as many as before: 2,459, 2,158 and, L=2, 6,765 against 6,721).
+
+Only for single-row products (decode) of 2-D operands whose head slices do not straddle chunks.
+The stacked products carry attr `heads` (lower.py still treats the step as decode).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lpu.compiler import ops
+from lpu.compiler.ir import IRGraph
+from lpu.compiler.rewrite import copied, rebuilding, rebuilt
+from lpu.isa.dtypes import NP_DTYPE
+
+
+def _cols(g: IRGraph, s, lanes):
+    """(source id, index of the other axes, c0, c1) of a slice with a 2-D result taking columns
+    [c0, c1) of its source within one chunk (narrower than it), else None."""
+    if s.op != "slice" or s.attrs.get("splat") or len(s.shape) != 2:
+        return None
+    src = g.node(s.inputs[0])
+    idx = tuple(s.attrs["index"])
+    if len(src.shape) < 2 or len(idx) != len(src.shape) or isinstance(idx[-1], int):
+        return None
+    c0, c1 = idx[-1]
+    if c1 - c0 >= lanes or c0 // lanes != (c1 - 1) // lanes:
+        return None
+    return src.id, idx[:-1], c0, c1
+
+
+def _chunk(c0, width, lanes):
+    lo = c0 // lanes * lanes
+    return lo, min(lo + lanes, width)
+
+
+def _query(g: IRGraph, a, c0, c1, lanes):
+    """(row id, rope key or None) where a is lanes [c0, c1) of a [1, W] row (or the rope of
+    them, per head of c1 - c0 columns), else None."""
+    rope = None
+    if a.op == "rope" and "hd" not in a.attrs and len(g.users(a.id)) == 1:
+        hd = c1 - c0
+        rope = (a.attrs.get("pos", 0), a.attrs.get("theta", 10000.0), hd)
+        if a.dtype != g.node(a.inputs[0]).dtype:
+            return None
+        a = g.node(a.inputs[0])
+    if a.op != "slice" or a.shape[0] != 1:
+        return None
+    got = _cols(g, a, lanes)
+    if got is None or got[2:] != (c0, c1) or got[1] != ((0, 1),):
+        return None
+    q = g.node(got[0])
+    if q.shape[0] != 1 or (rope and (c0 % rope[2] or q.shape[1] % rope[2] or rope[2] % 2)):
+        return None
+    return q.id, rope
+
+
+def _score(g: IRGraph, n, lanes):
+    """(q row, rope key, k source, rows, c0, c1) for a decode score q_h @ k[rows, c0:c1].T."""
+    if n.op != "matmul" or len(n.shape) != 2 or n.shape[0] != 1:
+        return None
+    a, t = (g.node(i) for i in n.inputs)
+    if t.op != "transpose" or tuple(t.attrs["perm"]) != (1, 0) or g.users(t.id) != [n.id]:
+        return None
+    ks = _cols(g, g.node(t.inputs[0]), lanes)
+    if ks is None:
+        return None
+    k, rows, c0, c1 = ks
+    q = _query(g, a, c0, c1, lanes)
+    if q is None or g.node(q[0]).shape[1] != g.node(k).shape[-1]:
+        return None
+    return q[0], q[1], k, rows, c0, c1
+
+
+def _head_out(g: IRGraph, x, off, width, lanes):
+    """(matmul id, cast dtype or None, v source, rows) where x, at columns [off, ...) of a
+    concat, is p @ v[rows, off:off + w] (perhaps cast), used only there, else None."""
+    cast = None
+    if x.op == "cast":
+        if len(g.users(x.inputs[0])) != 1:
+            return None
+        cast, x = x.dtype, g.node(x.inputs[0])
+    if x.op != "matmul" or x.shape[0] != 1 or len(x.shape) != 2:
+        return None
+    vs = _cols(g, g.node(x.inputs[1]), lanes)
+    if vs is None or vs[2] != off or g.node(vs[0]).shape[-1] != width:
+        return None
+    return x.id, cast, vs[0], vs[1]
+
+
+def _joined(g: IRGraph, n, lanes):
+    """[(chunk lo, hi, [(matmul, cast, v, rows, c0, c1), ...]), ...] for a concat of the heads'
+    outputs at their own columns of v, else None."""
+    if n.op != "concat" or len(n.shape) != 2 or n.shape[0] != 1 or n.attrs["axis"] not in (1, -1):
+        return None
+    heads, off = [], 0
+    for i in n.inputs:
+        x = g.node(i)
+        if g.users(i) != [n.id]:
+            return None
+        h = _head_out(g, x, off, n.shape[1], lanes)
+        if h is None:
+            return None
+        heads.append(h + (off, off + x.shape[1]))
+        off += x.shape[1]
+    if len({h[1] for h in heads}) != 1 or len({(h[2], h[3]) for h in heads}) != 1:
+        return None
+    chunks = []
+    for h in heads:
+        lo, hi = _chunk(h[4], n.shape[1], lanes)
+        if not chunks or chunks[-1][0] != lo:
+            chunks.append((lo, hi, []))
+        chunks[-1][2].append(h)
+    return chunks
+
+
+def _chain(g: IRGraph, scores: dict, mm):
+    """The nodes from a head's score matmul to its probabilities p (mm = p @ v), in order, if
+    only that chain uses them and its other operands are scalar constants, else None."""
+    p = g.node(mm).inputs[0]
+    anc, todo = {p}, [p]
+    while todo:
+        for i in g.node(todo.pop()).inputs:
+            if i not in anc and i not in scores and g.node(i).op != "const":
+                anc.add(i)
+                todo.append(i)
+    ss = {i for x in anc for i in g.node(x).inputs if i in scores} | ({p} & set(scores))
+    if len(ss) != 1:
+        return None
+    s = ss.pop()
+    chain = [s] + sorted(anc - {s})
+    inside = set(chain)
+    for x in chain:
+        n = g.node(x)
+        if x != s and any(i not in inside and not (g.node(i).op == "const" and g.node(i).size == 1) for i in n.inputs):
+            return None
+        if x != s and not any(i in inside for i in n.inputs):
+            return None
+        if any(u not in inside for u in g.users(x)) if x != p else g.users(x) != [mm]:
+            return None
+    return chain
+
+
+def _same(g: IRGraph, a: list, b: list) -> bool:
+    """Chains of the same ops on the same shapes, with equal scalar constants."""
+    if len(a) != len(b):
+        return False
+    pos = {x: k for k, x in enumerate(a)}
+    posb = {x: k for k, x in enumerate(b)}
+    for x, y in zip(a[1:], b[1:]):
+        nx, ny = g.node(x), g.node(y)
+        if (nx.op, nx.dtype, nx.shape, nx.attrs) != (ny.op, ny.dtype, ny.shape, ny.attrs) or len(nx.inputs) != len(ny.inputs):
+            return False
+        for i, j in zip(nx.inputs, ny.inputs):
+            if i in pos or j in posb:
+                if pos.get(i) != posb.get(j):
+                    return False
+                continue
+            ci, cj = g.node(i), g.node(j)
+            if ci.dtype != cj.dtype or not np.array_equal(ci.attrs["value"], cj.attrs["value"]):
+                return False
+    return True
+
+
+def _stackable(g: IRGraph, scores: dict, heads: list):
+    """The heads of one chunk computed as rows of one score matmul, one softmax and one output
+    matmul: [chain per head] if their queries, caches and chains agree, else None."""
+    chains = [_chain(g, scores, h[0]) for h in heads]
+    if any(c is None for c in chains):
+        return None
+    keys = {scores[c[0]][:4] for c in chains}
+    if len(keys) != 1 or any(scores[c[0]][4:] != h[4:] for c, h in zip(chains, heads)):
+        return None
+    if not all(_same(g, chains[0], c) for c in chains[1:]):
+        return None
+    return chains
+
+
+def _row_splat(g: IRGraph, n, lanes: int) -> bool:
+    """A max or sum over a head's score row whose users are elementwise ops on that row: a lane
+    tree of rotations that leaves the result in each of the row's own lanes (lower_reduce's
+    window plan), read by them as it is: no DISTRIBUTE trip."""
+    if n.op not in ("max", "sum") or n.attrs.get("axis") not in (1, -1) or n.shape != (1, 1):
+        return False
+    width = g.node(n.inputs[0]).shape[-1]
+    return 2 * width <= lanes + 1 and all(g.node(u).op in ops.ELEMENTWISE and g.node(u).shape == (1, width) for u in g.users(n.id))
+
+
+def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
+    """g with decode heads reading the caches in place (g itself if none)."""
+    scores = {n.id: s for n in g.nodes() if (s := _score(g, n, lanes)) is not None}
+    joins = {n.id: j for n in g.nodes() if (j := _joined(g, n, lanes)) is not None}
+    if not scores and not joins and not any(_row_splat(g, n, lanes) for n in g.nodes()):
+        return g
+    new = rebuilding(g)
+    m: dict[int, int] = {}
+    first: dict[int, int] = {}
+    shared: dict = {}
+
+    def once(key, make):
+        if key not in shared:
+            shared[key] = make()
+        return shared[key]
+
+    def chunk_of(src, idx, nrows, lo, hi, n):
+        return new.add("slice", (m[src],), (nrows, hi - lo), g.node(src).dtype, {"index": idx + ((lo, hi),)},
+                       n.line, n.col)
+
+    def row_splat(n, x):
+        wide = new.add(n.op, (x,), (1, lanes), n.dtype, {**n.attrs, "splat": True, "window": True}, n.line, n.col)
+        return new.add("slice", (wide,), (1, 1), n.dtype, {"index": ((0, 1), (0, 1)), "splat": True}, n.line, n.col)
+
+    def query(q, rope, n):
+        qn = g.node(q)
+        if rope is None:
+            return m[q]
+        pos, theta, hd = rope
+        return once(("rope", q, rope), lambda: new.add(
+            "rope", (m[q],), qn.shape, qn.dtype, {"pos": pos, "theta": theta, "hd": hd}, n.line, n.col))
+
+    def masks(h, width, spans, dtype, n):
+        v = np.zeros((h, width), NP_DTYPE[dtype])
+        for r, (a, b) in enumerate(spans):
+            v[r, a:b] = 1
+        return once(("masks", width, tuple(spans), dtype),
+                    lambda: new.add("const", (), (h, width), dtype, {"value": v}, n.line, n.col))
+
+    def stacked(n, lo, hi, heads, chains):
+        """The heads of chunk [lo, hi) as the rows of one score matmul, softmax and output."""
+        h, w = len(heads), hi - lo
+        q, rope, k, rows = info[chains[0][0]][:4]
+        qn, s0 = g.node(q), g.node(chains[0][0])
+        spans = [(c0 - lo, c1 - lo) for *_, c0, c1 in heads]
+        qc = new.add("slice", (query(q, rope, s0),), (1, w), qn.dtype, {"index": ((0, 1), (lo, hi))}, s0.line, s0.col)
+        qm = new.add("mul", (qc, masks(h, w, spans, qn.dtype, s0)), (h, w), qn.dtype, {}, s0.line, s0.col)
+        nk = s0.shape[1]
+        kt = new.add("transpose", (chunk_of(k, rows, nk, lo, hi, s0),), (w, nk), g.node(k).dtype, {"perm": (1, 0)},
+                     s0.line, s0.col)
+        sc = new.add("matmul", (qm, kt), (h, nk), s0.dtype, {"heads": h}, s0.line, s0.col)
+        ps = []
+        for r, chain in enumerate(chains):       # each head's softmax on its own row (views)
+            sm = {chain[0]: new.add("slice", (sc,), (1, nk), s0.dtype, {"index": ((r, r + 1), (0, nk))},
+                                    s0.line, s0.col)}
+            for x in chain[1:]:
+                xn = g.node(x)
+                sm[x] = row_splat(xn, sm[xn.inputs[0]]) if _row_splat(g, xn, lanes) else copied(new, xn, {**m, **sm})
+            ps.append(sm[chain[-1]])
+        pn = g.node(chains[0][-1])
+        pj = new.add("concat", tuple(ps), (h, pn.shape[1]), pn.dtype, {"axis": 0}, pn.line, pn.col) if h > 1 else ps[0]
+        mm, cast, v, vrows = heads[0][:4]
+        mn = g.node(mm)
+        y = new.add("matmul", (pj, chunk_of(v, vrows, pn.shape[1], lo, hi, n)), (h, w), mn.dtype, {"heads": h},
+                    mn.line, mn.col)
+        if h > 1 or spans[0] != (0, w):
+            y = new.add("mul", (y, masks(h, w, spans, mn.dtype, mn)), (h, w), mn.dtype, {}, mn.line, mn.col)
+            y = new.add("sum", (y,), (1, w), mn.dtype, {"axis": 0}, mn.line, mn.col)
+        if cast is not None:
+            y = new.add("cast", (y,), (1, w), cast, {"to": cast}, n.line, n.col)
+        return y
+
+    stacks, info = {}, dict(scores)
+    for jid, chunks in joins.items():
+        for lo, hi, heads in chunks:
+            chains = _stackable(g, scores, heads)
+            if chains is not None:
+                stacks[jid, lo] = chains
+                for c in chains:
+                    scores.pop(c[0])
+    for n in g.nodes():
+        first[n.id] = len(new)
+        if n.id in scores:                      # a head's score alone (its output is not joined)
+            q, rope, k, rows, c0, c1 = scores[n.id]
+            qn = g.node(q)
+            lo, hi = _chunk(c0, qn.shape[1], lanes)
+            qc = new.add("slice", (query(q, rope, n),), (1, hi - lo), qn.dtype, {"index": ((0, 1), (lo, hi))},
+                         n.line, n.col)
+            qm = new.add("mul", (qc, masks(1, hi - lo, [(c0 - lo, c1 - lo)], qn.dtype, n)), (1, hi - lo), qn.dtype, {},
+                         n.line, n.col)
+            nk = n.shape[1]
+            kt = new.add("transpose", (chunk_of(k, rows, nk, lo, hi, n),), (hi - lo, nk), g.node(k).dtype,
+                         {"perm": (1, 0)}, n.line, n.col)
+            m[n.id] = new.add("matmul", (qm, kt), n.shape, n.dtype, {}, n.line, n.col)
+        elif n.id in joins:
+            parts = []
+            for lo, hi, heads in joins[n.id]:
+                chains = stacks.get((n.id, lo))
+                if chains is not None:
+                    parts.append(stacked(n, lo, hi, heads, chains))
+                    continue
+                acc = None
+                for mm, cast, v, rows, c0, c1 in heads:
+                    mn = g.node(mm)
+                    vr = g.node(mn.inputs[0]).shape[1]
+                    y = new.add("matmul", (m[mn.inputs[0]], chunk_of(v, rows, vr, lo, hi, n)), (1, hi - lo), mn.dtype,
+                                {}, mn.line, mn.col)
+                    if (c0, c1) != (lo, hi):
+                        y = new.add("mul", (y, masks(1, hi - lo, [(c0 - lo, c1 - lo)], mn.dtype, n)), (1, hi - lo),
+                                    mn.dtype, {}, mn.line, mn.col)
+                    acc = y if acc is None else new.add("add", (acc, y), (1, hi - lo), mn.dtype, {}, mn.line, mn.col)
+                if cast is not None:
+                    acc = new.add("cast", (acc,), (1, hi - lo), cast, {"to": cast}, n.line, n.col)
+                parts.append(acc)
+            m[n.id] = parts[0] if len(parts) == 1 else new.add("concat", tuple(parts), n.shape, n.dtype,
+                                                                dict(n.attrs), n.line, n.col)
+        elif _row_splat(g, n, lanes):
+            m[n.id] = row_splat(n, m[n.inputs[0]])
+        else:
+            m[n.id] = copied(new, n, m)
+    return rebuilt(g, new, m, first)
