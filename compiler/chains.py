@@ -229,12 +229,12 @@ class ChainBuilder:
         self._add(c.reg.qgroup((c.ctl_q[plane],)), off, O.IW, (dtype, trans), after=self._marks(after),
                   mark=self._marks(mark), extra=extra)
 
-    def abc(self, plane: int, off: int, inp, acc: int, accum: int, after, mark, hold: int, pair: bool):
+    def abc(self, plane: int, off: int, inp, acc: int, accum: int, half: int, after, mark, hold: int, pair: bool):
         c = self.c
         extra = tuple((c.ctl_q[plane], off + i) for i in range(1, hold))
         if pair:
             extra += tuple((c.ctl_q[plane + 1], off + i) for i in range(hold))
-        self._add(c.reg.qgroup((c.ctl_q[plane],)), off, O.ABC, (0, acc, accum), ((0, inp[0], 0, inp[1]),),
+        self._add(c.reg.qgroup((c.ctl_q[plane],)), off, O.ABC, (0, acc, accum, half), ((0, inp[0], 0, inp[1]),),
                   after=self._marks(after), mark=self._marks(mark), extra=extra)
 
     def acc(self, plane: int, off: int, row: int, out, after, mark):

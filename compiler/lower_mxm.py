@@ -111,10 +111,15 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     if n.id in lw.plan.alone and M * ktiles * hold >= SPLIT_WORK * lw_cycles:
         rb = _row_block(M, nchunks, len(units), hold, lw_cycles, m.acc_rows)
     jobs = [(nt, m0) for m0 in range(0, M, rb) for nt in range(nchunks)]
+    # a K-tile of at most lanes/2 rows takes half an f16 product (one [1x160]x[160x320] pass)
+    khalf = [int(pair and K - kt * lanes <= lanes // 2) for kt in range(ktiles)]
+    khold = [m.abc_cycles(pair, h != 0) for h in khalf]
     load = c.mxm_load
     for ji, (nt, m0) in enumerate(jobs):
         u = min(units, key=lambda x: (load.get(x, 0), x))
         rows = range(m0, min(M, m0 + rb))
+        # the balance counts every K-tile at the full hold (counting half tiles at theirs moved
+        # gpt2_block_decode's heads to other pairs: 2,308 -> 2,334 cycles)
         work = ktiles * (len(rows) * hold + lanes // m.lw_ports_per_plane)
         load[u] = load.get(u, 0) + work
         if pair:
@@ -145,8 +150,10 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
                 after = [(("iw", u), 1)]
                 if kt == 0:
                     after.append((("acc", u, mi), 1))
-                cb.abc(u, 0, (gi, dt), mi, 1 if kt else 0, after=tuple(after),
-                       mark=((("abc", u), 0), (("abcrow", u, mi), c.lat[O.ABC])), hold=hold, pair=pair)
+                # the plane mark sits `hold` before the end of this ABC's hold (the next IW's wait)
+                cb.abc(u, 0, (gi, dt), mi, 1 if kt else 0, khalf[kt], after=tuple(after),
+                       mark=((("abc", u), khold[kt] - hold), (("abcrow", u, mi), c.lat[O.ABC])),
+                       hold=khold[kt], pair=pair)
                 lw.chains.append(cb.chain())
         for mi, row in enumerate(rows):
             cb = ChainBuilder(c, n.line, n.id, hint=(("acc", u), 1 - c.m.n_positions))

@@ -225,6 +225,11 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
 
 MAX_RADIX = 1 << 30      # (a cap on the shifts of one lane step, for measurements)
 SXM_WEIGHT = 0.5
+# rotations over all the lanes (splats) weigh their SXM cycles twice as much: bert_base's
+# layernorm mean (128 rows of 320 lanes) then takes radices 5,4,4,4 (13 rotations a row, 4 steps)
+# instead of 8,8,5 (18, 3 steps): L=1 17,003 -> 16,898 cycles; the weight raised for shifts too
+# made llama_block_decode slower (2,520 -> 2,541)
+SXM_WEIGHT_ROTATE = 1.0
 
 
 def _peers(lw, n) -> int:
@@ -313,7 +318,7 @@ def lane_plan(lw, width: int, nrows: int, cdt: str, exact: bool = False, window:
         issue = sum(-(-len(p) // per_cycle) for p in plan)
         v = lat[O.VXM_BINARY["ADD"]]
         cost = sum(trip + v * (-(-len(p) // per_cycle) - 1) + v * math.ceil(math.log2(len(p) + 1))
-                   for p in plan) + SXM_WEIGHT * nrows * issue
+                   for p in plan) + (SXM_WEIGHT_ROTATE if exact else SXM_WEIGHT) * nrows * issue
         if best is None or cost < best[0]:
             best = (cost, plan)
     return best[1]

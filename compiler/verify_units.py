@@ -47,6 +47,8 @@ def check_mxm(c, e):
     for sel, f, hi, what in ((lw, 0, m.lanes, "weight row"), (abc, 1, m.acc_rows, "accumulator row")):
         for i in c.few(np.flatnonzero((e.args[sel, f] < 0) | (e.args[sel, f] >= hi))):
             c.add("operand", int(sel[i]), f"{what} {int(e.args[sel[i], f])} out of range 0..{hi - 1}", e)
+    for i in c.few(np.flatnonzero((e.args[abc, 3] != 0) & (e.args[abc, 3] != 1))):
+        c.add("operand", int(abc[i]), f"ABC half={int(e.args[abc[i], 3])}: 0 or 1", e)
     _busy(c, e, iw, abc, abc_dt)
     ok = (e.args[lw, 0] >= 0) & (e.args[lw, 0] < m.lanes)   # rows out of range: reported above
     lw, lw_dt = lw[ok], lw_dt[ok]
@@ -91,12 +93,13 @@ def check_mxm(c, e):
 
 def _busy(c, e, iw, abc, abc_dt):
     """No plane takes an IW or ABC while an ABC still holds it."""
-    pair = c.m.f16_pair_cycles
     f16 = abc_dt == O.DT_F16
+    hold = np.where(f16, c.m.f16_pair_cycles, 1)
+    hold = np.where(e.args[abc, 3] != 0, (hold + 1) // 2, hold)
     ev = np.concatenate([iw, abc, abc[f16]])
     plane = np.concatenate([e.unit[iw], e.unit[abc], e.unit[abc[f16]] + 1])
     start = e.cycle[ev]
-    end = start + np.concatenate([np.ones(len(iw), np.int64), np.where(f16, pair, 1), np.full(f16.sum(), pair)])
+    end = start + np.concatenate([np.ones(len(iw), np.int64), hold, hold[f16]])
     order = np.lexsort((ev, plane * BIG + start))
     ev, plane, start, end = ev[order], plane[order], start[order], end[order]
     held = np.maximum.accumulate(plane * BIG + end)

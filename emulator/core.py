@@ -215,11 +215,13 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta,
                                                          pend_n, ybuf, act, acc_bits, bulk_min, hz):
             return False
-        ref, row, accum = a[0], a[1], a[2]
+        ref, row, accum, half = a[0], a[1], a[2], a[3]
         if not mxm_input_ok(ref, plane, spd):
             return operand_error(hz, 0, ref)
         if row < 0 or row >= acc_rows:
             return operand_error(hz, 1, row)
+        if half != 0 and half != 1:
+            return operand_error(hz, 3, half)
         dt = ref >> 8
         if wdt[plane] != dt:
             hz[0], hz[3], hz[4] = H_DTYPE, dt, wdt[plane]
@@ -238,8 +240,11 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
             if busy[pl] > t:
                 hz[0], hz[3], hz[4] = H_BUSY, pl, busy[pl]
                 return False
+        hold = 1 if dt == D_I8 else pair_cycles
+        if half != 0:
+            hold = (hold + 1) // 2
         for pl in range(plane, plane + span):
-            busy[pl] = t + (1 if dt == D_I8 else pair_cycles)
+            busy[pl] = t + hold
         if not stream_read(ref, WIDTH[dt], p, t, ring, sa, hz):
             return False
         nb = pend_n[plane]
@@ -250,13 +255,15 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         else:
             for l in range(lanes):
                 x[l] = f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
+        if half != 0:
+            x[lanes // 2:] = 0.0
         pend_meta[plane, nb, 0], pend_meta[plane, nb, 1], pend_meta[plane, nb, 2] = row, accum, dt
         pend_n[plane] = nb + 1
         acc_kind[plane, row] = kind
         acc_ready[plane, row] = t + lat
         order[1][plane, row], order[2][plane, row] = 1, ex
-        counters[K_MXM_BUSY] += 1 if dt == D_I8 else 2 * pair_cycles
-        counters[K_MACS] += lanes * lanes
+        counters[K_MXM_BUSY] += hold if dt == D_I8 else 2 * hold
+        counters[K_MACS] += lanes * (lanes // 2 if half != 0 else lanes)
         return True
     row, ref = a[0], a[1]  # ACC: the batch is multiplied out first if one of its ABCs writes this row (the
     waits = False          # other rows are not observable before their own ACC)

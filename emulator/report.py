@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.emulator.trace import Records, activity, capacity, tracks
+from lpu.emulator.trace import Records, abc_f16, abc_macs, activity, capacity, tracks
 from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
 
@@ -86,7 +86,7 @@ def _lines(r: Records) -> list:
             sel = r.line == L
             ops = list(dict.fromkeys(prog.nodes[i][0] for i in prog.node[r.src[sel]].tolist() if 0 <= i < len(prog.nodes)))
             row.update(label=f"line {L}" if L else "(no line)", source=prog.source_line(L),
-                       instructions=int(sel.sum()), macs=int((r.op[sel] == O.ABC).sum()) * prog.machine.lanes ** 2,
+                       instructions=int(sel.sum()), macs=int(abc_macs(r, np.flatnonzero(sel & (r.op == O.ABC))).sum()),
                        ir_ops=ops)
         else:
             row.update(label="(idle)" if L == -1 else "(skew)", source="", instructions=0, macs=0, ir_ops=[])
@@ -108,7 +108,8 @@ def report(r: Records) -> dict:
         words = name.split()
         if kind == "mxm" and len(words) == 2:   # plane-cycles held by ABCs, its own and its pair's
             p = int(words[1])
-            pair = (r.track == index[f"MXM {p - 1}"]) & (r.busy > 1) if p % 2 else np.zeros(len(r), bool)
+            pair = (r.track == index[f"MXM {p - 1}"]) & (r.op == O.ABC) if p % 2 else np.zeros(len(r), bool)
+            pair[pair] = abc_f16(r, np.flatnonzero(pair))
             busy, per = int(r.busy[(r.op == O.ABC) & (sel | pair)].sum()), 1
         elif kind == "mem":
             lo, _, hi = words[1].partition("-")

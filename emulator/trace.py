@@ -6,11 +6,11 @@ Tracks, one per functional unit in floorplan order west to east, ICU last: per M
 `MXM p LW` (weight loads), `MXM p` (IW, ABC) and `MXM p ACC`; `SXM h` per hemisphere;
 `MEM a-b` per group of MEM_GROUP slices (both ports; groups stay within a hemisphere); `VXM` (all
 ALUs); `ICU` (its NOP/REPEAT/SYNC/NOTIFY are not executed instructions, so it stays empty). An
-event spans its unit's occupancy: one cycle, or `f16_pair_cycles` for an f16 ABC, which also
-holds the odd plane of its pair (drawn `--` in the diagram). Events on one track either
+event spans its unit's occupancy: one cycle, or `f16_pair_cycles` for an f16 ABC (half that,
+rounded up, for a half ABC), which also holds the odd plane of its pair (drawn `--` in the diagram). Events on one track either
 coincide or do not overlap, so timelines nest cleanly in Perfetto.
 
-Per-cycle activity, derived from the executed instructions: MXM MACs (an ABC is lanes^2 MACs,
+Per-cycle activity, derived from the executed instructions: MXM MACs (an ABC is lanes^2 MACs, a half ABC half that,
 spread over the cycles it holds its planes), SRAM bytes read and written (a MEM access is one
 byte plane of `lanes` bytes), and streams in use (distinct (direction, stream) pairs that receive
 a new value in the cycle; a w-byte value uses w streams).
@@ -119,6 +119,8 @@ def records(program: Program, trace: Trace, cycles: int) -> Records:
     busy = np.ones(len(op), np.int64)
     f16_abc = (op == O.ABC) & (args[:, 0] // 256 != O.DT_I8)
     busy[f16_abc] = m.f16_pair_cycles
+    half = (op == O.ABC) & (args[:, 3] != 0)
+    busy[half] = (busy[half] + 1) // 2
     names, qt = tracks(m)
     queue = program.queue[src].astype(np.int64)
     return Records(program, int(cycles), np.asarray(trace.cycle, np.int64), src, rep, queue, op, args, lat, busy,
@@ -155,6 +157,17 @@ def _out_refs(r: Records):
     return np.concatenate(rows), np.concatenate(refs)
 
 
+def abc_f16(r: Records, sel) -> np.ndarray:
+    """Whether the ABCs at `sel` are f16 (they hold a plane pair)."""
+    return r.args[sel, 0] // 256 != O.DT_I8
+
+
+def abc_macs(r: Records, sel) -> np.ndarray:
+    """MACs of the ABCs at `sel`: lanes^2, half that for a half ABC."""
+    lanes = r.program.machine.lanes
+    return np.where(r.args[sel, 3] != 0, lanes * (lanes // 2), lanes * lanes)
+
+
 def activity(r: Records) -> dict:
     """Per-cycle arrays (length r.cycles): macs, sram_read, sram_written, streams, and busy unit
     capacity per kind (mxm plane-cycles, vxm ALUs, mem bank accesses, sxm queues)."""
@@ -163,9 +176,9 @@ def activity(r: Records) -> dict:
     abc = np.flatnonzero(r.op == O.ABC)
     for k in range(int(r.busy[abc].max()) if len(abc) else 0):
         sel = abc[r.busy[abc] > k]
-        share = m.lanes * m.lanes / r.busy[sel]
+        share = abc_macs(r, sel) / r.busy[sel]
         np.add.at(out["macs"], r.cycle[sel] + k, share)
-        np.add.at(out["mxm"], r.cycle[sel] + k, np.where(r.busy[sel] > 1, 2, 1))
+        np.add.at(out["mxm"], r.cycle[sel] + k, np.where(abc_f16(r, sel), 2, 1))
     rd = np.isin(r.op, (O.READ, O.GATHER))
     wr = np.isin(r.op, (O.WRITE, O.SCATTER))
     out["sram_read"] += np.bincount(r.cycle[rd], minlength=n)[:n] * m.lanes
@@ -278,11 +291,13 @@ class Cells:
     opname: list
     busy: np.ndarray
     cycles: int
+    pair: np.ndarray     # an f16 ABC: it also holds the odd plane of its pair
 
 
 def cells_of_records(r: Records) -> Cells:
     busy = r.busy.copy()
-    return Cells(r.track_names, r.track, r.cycle, [O.OPS[o].name for o in r.op], busy, r.cycles)
+    pair = (r.op == O.ABC) & (r.args[:, 0] // 256 != O.DT_I8)
+    return Cells(r.track_names, r.track, r.cycle, [O.OPS[o].name for o in r.op], busy, r.cycles, pair)
 
 
 def cells_of_trace(doc: dict, where: str = "trace") -> Cells:
@@ -301,7 +316,9 @@ def cells_of_trace(doc: dict, where: str = "trace") -> Cells:
     return Cells(order, np.array([pos[e["tid"]] for e in xs], np.int64),
                  np.array([e["args"]["cycle"] for e in xs], np.int64),
                  [e["args"].get("opcode", e.get("name", "?")) for e in xs],
-                 np.array([e["args"].get("busy_cycles", 1) for e in xs], np.int64), cycles)
+                 np.array([e["args"].get("busy_cycles", 1) for e in xs], np.int64), cycles,
+                 np.array([e["args"].get("opcode") == "ABC" and
+                           not str(e["args"].get("operands", {}).get("inp", "")).startswith("i8:") for e in xs], bool))
 
 
 def diagram(c: Cells, lo: int, hi: int, kinds=None, pair: bool = True) -> tuple[str, list]:
@@ -311,11 +328,11 @@ def diagram(c: Cells, lo: int, hi: int, kinds=None, pair: bool = True) -> tuple[
     width = hi - lo
     grid = {}
     index = {n: i for i, (n, _) in enumerate(c.track_names)}
-    for t, cyc, name, b in zip(c.track.tolist(), c.cycle.tolist(), c.opname, c.busy.tolist()):
+    for t, cyc, name, b, f16 in zip(c.track.tolist(), c.cycle.tolist(), c.opname, c.busy.tolist(), c.pair.tolist()):
         if cyc + b <= lo or cyc >= hi:
             continue
         targets = [t]
-        if pair and b > 1 and name == "ABC":   # an f16 ABC also holds the odd plane of its pair
+        if pair and f16:   # an f16 ABC also holds the odd plane of its pair
             words = c.track_names[t][0].split()
             odd = index.get(f"MXM {int(words[1]) + 1}") if len(words) == 2 and words[1].isdigit() else None
             if odd is not None:

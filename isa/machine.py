@@ -299,6 +299,12 @@ class MachineConfig:
                 + self.mxm_planes * (self.lw_ports_per_plane + 2) + hemi * self.sxm_queues_per_hemisphere + i)
 
     # ---- published peak rates, derived (used by reports and benchmarks) ---------------------
+    def abc_cycles(self, f16: bool, half: bool) -> int:
+        """Cycles an ABC holds its plane (and, for f16, the pair's other plane): a half ABC
+        (weight rows < lanes/2) takes half the passes of the f16 pair, rounded up."""
+        full = self.f16_pair_cycles if f16 else 1
+        return -(-full // 2) if half else full
+
     def macs_per_cycle(self, dtype: str) -> int:
         if dtype == "i8":
             return self.mxm_planes * self.lanes * self.lanes

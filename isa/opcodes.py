@@ -96,8 +96,10 @@ LW = _op("LW", UNIT_MXM, [("row", I), ("inp", R), ("cvt", I)], "", 1, role=0,
              "row is widened to f16 (exactly) into an even plane's f16 buffer")
 IW = _op("IW", UNIT_MXM, [("dtype", T), ("trans", I)], "", 0, role=1,
          doc="install the weight buffer (transposed if trans) as the plane's weights")
-ABC = _op("ABC", UNIT_MXM, [("inp", R), ("acc", I), ("accum", I)], "mxm_abc", 1, role=1,
-          doc="acc[acc] (+)= inp @ weights: f64 dot rounded to f32 once (f16), or exact i32 (i8)")
+ABC = _op("ABC", UNIT_MXM, [("inp", R), ("acc", I), ("accum", I), ("half", I)], "mxm_abc", 1, role=1,
+          doc="acc[acc] (+)= inp @ weights: f64 dot rounded to f32 once (f16), or exact i32 (i8); "
+              "half=1: inp lanes >= lanes/2 read as zero, and the ABC holds its plane(s) half the "
+              "cycles, rounded up (f16: one [1x160]x[160x320] pass of the pair, P22)")
 ACC = _op("ACC", UNIT_MXM, [("acc", I), ("out", R)], "mxm_acc", 0, role=2,
           doc="put accumulator row acc (f32 or i32) on stream out")
 # --- VXM (queue of an ALU); compute in f32 if any operand or the result is a float, else i32

@@ -260,15 +260,16 @@ def test_gather_and_scatter():
 
 
 # ---- MXM ---------------------------------------------------------------------------------------
-def mxm_program(dtype, trans=False, batches=2, acc_shift=0, abc_gap=None):
+def mxm_program(dtype, trans=False, batches=2, acc_shift=0, abc_gap=None, half=0):
     """Weights w[L, L] and activations x[batches * 4, L] come west to MXM plane 0; z[4, L] =
-    sum over batches of x[batch rows] @ w (or w.T), ACCed back east."""
+    sum over batches of x[batch rows] @ w (or w.T), ACCed back east; half=1: half ABCs (x's
+    lanes >= L/2 read as zero), issued as often as their hold allows."""
     b = ProgBuilder(M, ["z = x @ w"])
     w = b.tensor("w", "weight", dtype, (L, L), [2, 3])
     x = b.tensor("x", "input", dtype, (4 * batches, L), [4, 5])
     acc_t = "i32" if dtype == "i8" else "f32"
     z = b.tensor("z", "output", acc_t, (4, L), [8, 9, 10, 11])
-    gap = abc_gap or (1 if dtype == "i8" else M.f16_pair_cycles)
+    gap = abc_gap or M.abc_cycles(dtype == "f16", half != 0)
     k = 20
     b.read_vec(w, 0, WEST, 0, k, n=L)
     b.at(b.issue_for(k, WEST, 0), "mxm0.lw0", "LW", 0, ref(dtype, WEST, 0))
@@ -278,7 +279,7 @@ def mxm_program(dtype, trans=False, batches=2, acc_shift=0, abc_gap=None):
     k2 = b.diag(t + 1, WEST, 0)
     b.read_vec(x, 0, WEST, 2, k2, n=4 * batches, d=gap)
     for bt in range(batches):
-        b.at(t + 1 + 4 * gap * bt, "mxm0", "ABC", ref(dtype, WEST, 2), 0, int(bt > 0), line=1)
+        b.at(t + 1 + 4 * gap * bt, "mxm0", "ABC", ref(dtype, WEST, 2), 0, int(bt > 0), half, line=1)
         b.raw("mxm0", "REPEAT", 3, gap)
     ta = t + 1 + 4 * gap * (batches - 1) + 3 * gap + LAT["mxm_abc"] - 3 * gap + acc_shift
     b.at(ta, "mxm0.acc", "ACC", 0, ref(acc_t, EAST, 4), line=1)
@@ -306,6 +307,34 @@ def test_mxm(dtype, trans):
     assert r.counters["macs"] == 8 * L * L
     assert r.counters["mxm"] == 8 * (1 if dtype == "i8" else 2 * M.f16_pair_cycles)
     assert 0 < r.utilization["mxm"] <= 1
+
+
+@pytest.mark.parametrize("dtype", ["i8", "f16"])
+def test_half_abc_reads_half_the_lanes_in_half_the_cycles(dtype):
+    wv, xv = rand(dtype, (L, L)), rand(dtype, (8, L))
+    p = mxm_program(dtype, half=1)
+    r = run(p, {"w": wv, "x": xv})
+    xh = xv.copy()
+    xh[:, L // 2:] = 0
+    if dtype == "i8":
+        want = xh[:4].astype(np.int32) @ wv.astype(np.int32) + xh[4:].astype(np.int32) @ wv.astype(np.int32)
+    else:
+        want = (f16_matmul(xh[:4], wv) + f16_matmul(xh[4:], wv)).astype(np.float32)
+    np.testing.assert_array_equal(r.outputs["z"], want)
+    hold = M.abc_cycles(dtype == "f16", True)
+    assert hold == (1 if dtype == "i8" else M.f16_pair_cycles // 2)
+    assert r.counters["macs"] == 8 * L * (L // 2)
+    assert r.counters["mxm"] == 8 * hold * (2 if dtype == "f16" else 1)
+    assert r.cycles < mxm_program(dtype).predicted_cycles or dtype == "i8"
+
+
+def test_full_abc_after_half_gap_is_caught_and_bad_half_flag():
+    with pytest.raises(HazardError) as e:   # full f16 ABCs at a half ABC's spacing
+        run(mxm_program("f16", abc_gap=M.abc_cycles(True, True)), {"w": rand("f16", (L, L)), "x": rand("f16", (8, L))})
+    assert (e.value.kind, e.value.opcode) == ("unit-busy", "ABC")
+    with pytest.raises(HazardError) as e:
+        run(mxm_program("f16", half=2, abc_gap=M.f16_pair_cycles), {"w": rand("f16", (L, L)), "x": rand("f16", (8, L))})
+    assert (e.value.kind, e.value.opcode) == ("operand", "ABC")
 
 
 # ---- hazards -----------------------------------------------------------------------------------

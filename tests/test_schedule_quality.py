@@ -3,6 +3,8 @@ keep every result within the reference's tolerance, keep predicted == emulated c
 `verify`, and pay: attention scores computed transposed need no lane reductions."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from lpu.compiler.driver import compile_source
 from lpu.compiler.reference import random_values
 from lpu.compiler.rewrite import rewrite
 from lpu.compiler.frontend import elaborate_source
-from lpu.compiler.verify import verify
+from lpu.compiler.verify import _Expanded, verify
 from lpu.emulator.run import run
 from lpu.isa import opcodes as O
 from lpu.isa.machine import MachineConfig
@@ -175,3 +177,25 @@ def test_f16_lane_sums_go_through_the_mxm(machine):
     assert res.cycles == prog.predicted_cycles
     assert check(g, prog, vals, res)["ok"]
     assert "SHIFT" in _ops(prog)         # the f32 mean's lane tree
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_a_short_last_k_tile_takes_half_abcs(machine):
+    """K = 2.4 chunks (768 on 320 lanes): the last K-tile (0.4 of a chunk) is one f16 pass of the
+    pair (ABC half=1, one cycle, not two); the result is exact, verify accepts it, and the same
+    binary with the flag cleared is refused by verify and by the emulator (the next ABC meets a
+    busy pair)."""
+    mc = MachineConfig.load(machine)
+    K, N = mc.lanes * 12 // 5, mc.lanes
+    prog, g, vals, res = run_checked(f"input x : f16[16, {K}]\nweight w : f16[{K}, {N}]\noutput y = x @ w\n", mc)
+    e = _Expanded(prog)
+    assert sorted(e.args[e.op == O.ABC, 3].tolist()) == [0] * 32 + [1] * 16   # rows x K-tiles
+    abc = np.flatnonzero(prog.op == O.ABC)
+    half = prog.args[abc, 3]
+    assert res.counters["mxm"] == 2 * mc.f16_pair_cycles * (2 * 16) + 2 * mc.abc_cycles(True, True) * 16
+    bad = prog.args.copy()
+    bad[abc[half == 1], 3] = 0
+    p2 = dataclasses.replace(prog, args=bad)
+    assert any(v.kind == "unit-busy" for v in verify(p2))
+    with pytest.raises(Exception, match="unit-busy|busy"):
+        run(p2, vals)
