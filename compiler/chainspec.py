@@ -227,7 +227,7 @@ def _arrays(parts: list) -> "ChainArrays":
     a = ChainArrays(
         ptr(ch[:, 0]), ptr(ch[:, 1]), ch[:, 2].copy(), ch[:, 3].copy(), ch[:, 4].copy(), ch[:, 5].copy(),
         gr[:, 0].copy(), gr[:, 1].copy(), gr[:, 2].copy(), ins[:, 0].copy(), ins[:, 1].copy(),
-        ins[:, 2].copy(), ins[:, 3].copy(), ins[:, 4:4 + NARGS].copy(),
+        ins[:, 2].copy(), ins[:, 3].copy(), ins[:, 4:4 + NARGS].astype(np.int32),
         ptr(cnt[:, 0]), data["p"], ptr(cnt[:, 1]), data["r"].reshape(-1), ptr(cnt[:, 2]),
         data["w"].reshape(-1), ptr(cnt[:, 3]), data["a"], ptr(cnt[:, 4]), data["m"], ptr(cnt[:, 5]),
         data["e"])
@@ -254,7 +254,7 @@ class ChainArrays:
     off: np.ndarray
     op: np.ndarray
     bank: np.ndarray
-    args: np.ndarray        # [n, NARGS]
+    args: np.ndarray        # [n, NARGS] int32 (as in the binary)
     p_ptr: np.ndarray
     p_data: np.ndarray      # [k, 4] arg index, group, plane, dtype
     r_ptr: np.ndarray

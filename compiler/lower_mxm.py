@@ -95,6 +95,9 @@ def _row_block(M, nchunks, nunits, hold, lw_cycles, acc_rows) -> int:
     return rb
 
 
+HALF_MIN_ROWS = 16
+
+
 def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     c, m = lw.ctx, lw.m
     lanes = lw.lanes
@@ -111,8 +114,11 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     if n.id in lw.plan.alone and M * ktiles * hold >= SPLIT_WORK * lw_cycles:
         rb = _row_block(M, nchunks, len(units), hold, lw_cycles, m.acc_rows)
     jobs = [(nt, m0) for m0 in range(0, M, rb) for nt in range(nchunks)]
-    # a K-tile of at most lanes/2 rows takes half an f16 product (one [1x160]x[160x320] pass)
-    khalf = [int(pair and K - kt * lanes <= lanes // 2) for kt in range(ktiles)]
+    # a K-tile of at most lanes/2 rows takes half an f16 product (one [1x160]x[160x320] pass),
+    # where the products' rows are many enough for their hold to matter: a decode product of a
+    # few rows waits on its weight installs, and half holds there moved gpt2_small_decode's
+    # heads to other pairs (35,151 -> 35,328 cycles)
+    khalf = [int(pair and M > HALF_MIN_ROWS and K - kt * lanes <= lanes // 2) for kt in range(ktiles)]
     khold = [m.abc_cycles(pair, h != 0) for h in khalf]
     load = c.mxm_load
     for ji, (nt, m0) in enumerate(jobs):
