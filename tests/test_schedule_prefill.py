@@ -160,6 +160,25 @@ def test_packed_heads_fold_a_power_of_two_scale_into_the_mask_and_hand_f16_weigh
     run_checked(src, m, 14, "c.lpu")
 
 
+def test_packed_heads_scale_the_softmax_exponent_when_the_scale_does_not_fold(monkeypatch):
+    """Head width 80: the scale 1/sqrt(80) is not a power of two, so it cannot ride in Q's mask;
+    the packed softmax takes exp(c * (s - max s)) (max commutes with c > 0) instead of a pass
+    that multiplies the scores before the mask: the product joins the exp's chain, fewer
+    cycles, and the results agree with the reference."""
+    from lpu.compiler import rewrite_pack
+    from lpu.compiler.rewrite import rewrite
+    m = MachineConfig.load("tsp-v1")
+    src = CAUSAL.format(S=m.lanes // 4, D=m.lanes)
+    p = rewrite_pack.pack_heads(rewrite(elaborate_source(src, "c.lpu", {})), m.lanes)
+    where = [n for n in p.nodes() if n.op == "where"]
+    assert len(where) == 1 and p.node(where[0].inputs[1]).op == "matmul"     # no mul before the mask
+    sub = [n for n in p.nodes() if n.op == "sub"]
+    assert len(sub) == 1 and [p.node(u).op for u in p.users(sub[0].id)] == ["mul"]
+    prog, g, _, _ = run_checked(src, m, 17, "c.lpu")
+    monkeypatch.setattr(rewrite_pack, "_late_scale", lambda *a: None)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
+
+
 def test_packed_heads_share_their_masks_across_layers():
     """Every layer of bert_base packs its heads with the same masks: one constant per pack
     position serves all layers (they had been 10.6 MB of constants per 12 layers, in SRAM and
