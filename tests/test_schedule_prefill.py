@@ -234,6 +234,24 @@ def test_heads_joined_along_the_lanes_at_the_end_feed_the_mxm_with_their_rows_of
     run_checked(src, m, 16, "a.lpu")
 
 
+def test_a_fused_vector_whose_operands_clash_copies_one_and_stays_one_chain(monkeypatch):
+    """mlp's relu(x @ w1 + b1): where a row and the bias lie on one bank, the bias is copied to
+    other slices and the row stays one fused chain (the op-by-op form made it a straggler,
+    a trip per op behind the others): fewer cycles, results within the reference's tolerance."""
+    import os
+    from lpu.compiler import lower_fuse
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "mlp.lpu")) as f:
+        src = f.read()
+    calls = []
+    staged = lower_fuse._staged_chain
+    monkeypatch.setattr(lower_fuse, "_staged_chain", lambda *a: calls.append(a[3]) or staged(*a))
+    prog, g, _, _ = run_checked(src, m, 18, "mlp.lpu")
+    assert calls
+    monkeypatch.setattr(lower_fuse, "_staged_chain", lambda *a: False)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
+
+
 # a layernorm of f32 rows wider than the lanes (bert_base's x + a): its mean a rotated lane tree
 LN_F32 = """param S = {S}
 param D = {D}
