@@ -252,6 +252,26 @@ def test_a_fused_vector_whose_operands_clash_copies_one_and_stays_one_chain(monk
     assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
 
 
+def test_a_lone_reduction_across_vectors_keeps_its_partials_next_to_the_vxm(monkeypatch):
+    """attention_prefill's packed softmax: the max's and the sum's block partials lie in the
+    slices nearest the VXM, half of them west and half east (consecutive slots had put all
+    32 planes on one side, up to 44 hops away): fewer cycles, results within tolerance."""
+    import os
+    from lpu.compiler import lower_reduce
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
+        src = f.read()
+    grids = []
+    near = lower_reduce._partials
+    monkeypatch.setattr(lower_reduce, "_partials", lambda *a: grids.append(near(*a)) or grids[-1])
+    prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
+    hops = [abs(m.slice_pos(int(s) % m.mem_slices) - m.vxm_pos) for grid, _ in grids for s in grid.reshape(-1)]
+    west = [int(s) % m.mem_slices < m.mem_slices_per_hemisphere for grid, _ in grids for s in grid.reshape(-1)]
+    assert len(grids) == 2 and max(hops) <= 16 and sum(west) * 2 == len(west)
+    monkeypatch.setattr(lower_reduce, "_peers_across", lambda *a: 2)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
+
+
 # a layernorm of f32 rows wider than the lanes (bert_base's x + a): its mean a rotated lane tree
 LN_F32 = """param S = {S}
 param D = {D}
