@@ -24,6 +24,10 @@ from what the machine could do. Each bound is a number no correct schedule can b
   with a ones vector): the cheaper of the two counts. Like the vxm bound, this takes vectors to
   hold rows of the last axis; a schedule that lays a reduced axis across vectors needs no SXM
   trip there (the tests check that no compiled program or reduction beats the bound).
+  Each tensor's last vector is followed too: a matmul's last row issues no earlier than its
+  MACs / macs_per_cycle cycles after its first, and weights that are computed (k.T in q @ k.T,
+  v in p @ v) are installed only after their last row is made (then an LW and an IW), or
+  min(rows, columns) / lw_ports_per_plane LW cycles after their first row, whichever is later.
 
 The program's bound is the largest of these."""
 from __future__ import annotations
@@ -125,6 +129,16 @@ def _place(n: Node) -> str:
     return "free"
 
 
+def _drops_rows(graph: IRGraph, n: Node) -> bool:
+    """A slice that leaves out vectors of its source (indexes an axis but the last, or takes
+    part of it)."""
+    src = graph.node(n.inputs[0]).shape
+    for ax, ix in enumerate(n.attrs["index"][:len(src) - 1]):
+        if isinstance(ix, int) or tuple(ix) != (0, src[ax]):
+            return True
+    return False
+
+
 def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = None) -> int:
     """The critical path bound; `first_matmul`, if given, receives the earliest cycle any matmul
     can issue its first ABC (activations ready, weights read and installed)."""
@@ -132,21 +146,25 @@ def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = 
     d_mxm = min(abs(m.vxm_pos - m.mxm_pos(p)) for p in range(m.mxm_planes))
     d_sxm = min(abs(m.vxm_pos - m.sxm_pos(h)) for h in range(2))
     finish: dict[int, int] = {}
-    place: dict[int, str] = {}
+    last: dict[int, int] = {}        # the same for the tensor's last vector (a computed matmul's
+    place: dict[int, str] = {}       # rows take MACs / macs_per_cycle cycles at least)
     for n in graph.nodes():
         p = _place(n)
         if n.op in LEAVES:
-            finish[n.id] = lat["mem_read"] if n.op != "const" else 0
+            finish[n.id] = last[n.id] = lat["mem_read"] if n.op != "const" else 0
             place[n.id] = p
             continue
-        ready = 0
+        ready = ready_last = 0
         srcs = []
         for i in n.inputs:
             hop = d_mxm if {place[i], p} == {"mxm", "vxm"} else 0
             ready = max(ready, finish[i] + hop)
+            ready_last = max(ready_last, last[i] + hop)
             srcs.append(place[i])
         if p == "free":
-            finish[n.id] = ready
+            finish[n.id], last[n.id] = ready, ready_last
+            if n.op == "slice" and _drops_rows(graph, n):
+                last[n.id] = ready           # (some rows only: their last is not followed)
             # a free op forwards its input's place (the value has not moved)
             place[n.id] = next((s for s in srcs if s != "mem"), srcs[0] if srcs else "mem")
             continue
@@ -155,6 +173,14 @@ def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = 
             install = lat["mem_read"] + math.ceil(min(graph.node(n.inputs[1]).shape[-2], m.lanes)
                                                   / m.lw_ports_per_plane) + 1
             ready = max(ready, install)
+            b = n.inputs[1]
+            if place[b] != "mem":     # computed weights: installed (LWs, an IW) after their last row
+                lw = math.ceil(min(*graph.node(b).shape[-2:], m.lanes) / m.lw_ports_per_plane)
+                hop = d_mxm if place[b] == "vxm" else 0
+                ready = max(ready, max(finish[b] + lw - 1, last[b]) + hop + 2)
+            a = n.inputs[0]
+            work = math.ceil(matmul_macs(graph, n) / m.macs_per_cycle(matmul_rate_dtype(graph, n)))
+            ready_last = max(ready + work - 1, last[a] + (d_mxm if place[a] == "vxm" else 0), ready)
             if first_matmul is not None:
                 first_matmul.append(ready)
         elif n.op in REDUCE and n.attrs["axis"] == len(graph.node(n.inputs[0]).shape) - 1:
@@ -167,8 +193,9 @@ def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = 
         else:                 # the dependent VXM steps of one vector (the op table's path)
             d = sum(lat[k] for k in OPS[n.op].path)
         finish[n.id] = ready + d
+        last[n.id] = max(ready, ready_last) + d
         place[n.id] = p
-    ends = [finish[nid] for nid in graph.outputs.values()] + [finish[nid] for nid in graph.final_states.values()]
+    ends = [last[nid] for nid in graph.outputs.values()] + [last[nid] for nid in graph.final_states.values()]
     return (max(ends) if ends else 0) + 1 + m.icu_skew
 
 

@@ -78,6 +78,7 @@ class Lowerer:
         self.replayer = Replayer(self)
         self.deferred: list = []             # (depth, scratch region) freed SCRATCH_LAG depths later
         self.depth = 0
+        self.across_at_depth = None          # plan depth -> reductions across vectors there (lower_reduce)
         # hops from each MEM slice to the VXM, in a decode step (every matmul of one row): its
         # small temporaries go where their trips are short (None: first fit)
         decode = all(int(np.prod(graph.node(n.inputs[0]).shape[:-1])) == 1 for n in graph.nodes()

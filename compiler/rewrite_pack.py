@@ -243,8 +243,9 @@ def _packed(g: IRGraph, add, m, key, heads, rs, n, lanes) -> list:
         return out
     pos = {x: i for i, x in enumerate(rs[0])}
     consts: dict = {}
+    late = None if fold else _late_scale(g, rs)
     for x in rs[0][1:]:
-        if fold and x == fold[0]:
+        if fold and x == fold[0] or late and x == late[0]:
             out.append(out[0])
             continue
         xn = g.node(x)
@@ -260,7 +261,43 @@ def _packed(g: IRGraph, add, m, key, heads, rs, n, lanes) -> list:
                 consts[i] = add("const", (), v.shape, c.dtype, {"value": v})
             ins.append(consts[i])
         out.append(add(xn.op, tuple(ins), (xn.shape[0], p * xn.shape[1]), xn.dtype, dict(xn.attrs)))
+        if late and x == late[1]:
+            c = add("const", (), (), xn.dtype, {"value": np.asarray(late[2], np.float32)})
+            out[-1] = add("mul", (out[-1], c), (xn.shape[0], p * xn.shape[1]), xn.dtype, {})
     return out
+
+
+def _late_scale(g: IRGraph, rs) -> tuple[int, int, float] | None:
+    """(id of scores * c, id of the softmax's x - max(x), c) when c > 0 is a scalar constant that
+    _scale cannot fold and the scaled scores reach the softmax only through where(mask, ., -inf):
+    c * (x - max(x)) instead of c * x - max(c * x) (max commutes with a positive scale; the f32
+    roundings differ within the reference's tolerance), so that the product joins the exp's
+    fused chain instead of making its own trip to SRAM before the mask."""
+    if rs is None or len(rs[0]) < 4:
+        return None
+    s = rs[0][0]
+    us = g.users(s)
+    if len(us) != 1 or g.node(us[0]).op != "mul":
+        return None
+    x = g.node(us[0])
+    other = [i for i in x.inputs if i != s]
+    if len(other) != 1 or g.node(other[0]).op != "const" or g.node(other[0]).shape != () or x.dtype != "f32":
+        return None
+    c = float(np.asarray(g.node(other[0]).attrs["value"]))
+    wu = g.users(x.id)
+    if not c > 0 or len(wu) != 1 or g.node(wu[0]).op != "where":
+        return None
+    w = g.node(wu[0])
+    fill = g.node(w.inputs[2])
+    if w.inputs[1] != x.id or fill.op != "const" or fill.shape != () or float(np.asarray(fill.attrs["value"])) != -np.inf:
+        return None
+    users = sorted(g.users(w.id), key=lambda u: g.node(u).op)
+    if [g.node(u).op for u in users] != ["max", "sub"]:
+        return None
+    mx, sb = (g.node(u) for u in users)
+    if mx.attrs.get("axis") != 0 or tuple(sb.inputs) != (w.id, mx.id) or g.users(mx.id) != [sb.id]:
+        return None
+    return x.id, sb.id, c
 
 
 def _split_join(g: IRGraph, n, lanes) -> bool:

@@ -124,6 +124,24 @@ def test_critical_path_counts_the_hops_between_vxm_and_mxm():
     assert B.critical_path(g2, m) == max(install, lat["mem_read"] + lat["vxm_transcendental"] + hops) + tail
 
 
+def test_critical_path_installs_computed_weights_after_their_last_row():
+    """s = x @ k.T with k = f16(x @ w) computed: the install of k.T waits for k's last row (its
+    MACs at the MXM's rate after its first), then an LW and an IW; y's last row waits for its own
+    products the same way (attention_prefill's q @ k.T and p @ v: 383 -> 405 cycles on tsp-v1)."""
+    m = MachineConfig.load("tsp-v1")
+    lat = m.latency
+    g = elaborate_source("input x : f16[64, 64]\nweight w : f16[64, 64]\n"
+                         "output y = x @ f16(x @ w).T\n", "<k>", {})
+    d = lat["mxm_abc"] + lat["mxm_acc"]
+    work = -(-64 * 64 * 64 // m.macs_per_cycle("f16"))          # each product's MACs
+    k_first = lat["mem_read"] + -(-64 // m.lw_ports_per_plane) + 1 + d
+    k_last = k_first + work - 1
+    abc = max(k_first + -(-64 // m.lw_ports_per_plane) - 1, k_last) + 2
+    assert B.critical_path(g, m) == abc + work - 1 + d + 1 + m.icu_skew
+    one = elaborate_source("input x : f16[1, 64]\nweight w : f16[64, 64]\noutput y = x @ w\n", "<r>", {})
+    assert B.critical_path(one, m) == lat["mem_read"] + -(-64 // m.lw_ports_per_plane) + 1 + d + 1 + m.icu_skew
+
+
 def test_runner_on_tiny_writes_json_and_marks_targets(tmp_path, monkeypatch, capsys):
     progs = tmp_path / "programs"
     progs.mkdir()

@@ -160,6 +160,25 @@ def test_packed_heads_fold_a_power_of_two_scale_into_the_mask_and_hand_f16_weigh
     run_checked(src, m, 14, "c.lpu")
 
 
+def test_packed_heads_scale_the_softmax_exponent_when_the_scale_does_not_fold(monkeypatch):
+    """Head width 80: the scale 1/sqrt(80) is not a power of two, so it cannot ride in Q's mask;
+    the packed softmax takes exp(c * (s - max s)) (max commutes with c > 0) instead of a pass
+    that multiplies the scores before the mask: the product joins the exp's chain, fewer
+    cycles, and the results agree with the reference."""
+    from lpu.compiler import rewrite_pack
+    from lpu.compiler.rewrite import rewrite
+    m = MachineConfig.load("tsp-v1")
+    src = CAUSAL.format(S=m.lanes // 4, D=m.lanes)
+    p = rewrite_pack.pack_heads(rewrite(elaborate_source(src, "c.lpu", {})), m.lanes)
+    where = [n for n in p.nodes() if n.op == "where"]
+    assert len(where) == 1 and p.node(where[0].inputs[1]).op == "matmul"     # no mul before the mask
+    sub = [n for n in p.nodes() if n.op == "sub"]
+    assert len(sub) == 1 and [p.node(u).op for u in p.users(sub[0].id)] == ["mul"]
+    prog, g, _, _ = run_checked(src, m, 17, "c.lpu")
+    monkeypatch.setattr(rewrite_pack, "_late_scale", lambda *a: None)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
+
+
 def test_packed_heads_share_their_masks_across_layers():
     """Every layer of bert_base packs its heads with the same masks: one constant per pack
     position serves all layers (they had been 10.6 MB of constants per 12 layers, in SRAM and
@@ -213,6 +232,44 @@ def test_heads_joined_along_the_lanes_at_the_end_feed_the_mxm_with_their_rows_of
     assert any(n.op == "concat" for n in g.nodes()) and not any(n.op == "concat" for n in s.nodes())
     assert sum(n.op == "matmul" for n in s.nodes()) == sum(n.op == "matmul" for n in g.nodes()) + 3
     run_checked(src, m, 16, "a.lpu")
+
+
+def test_a_fused_vector_whose_operands_clash_copies_one_and_stays_one_chain(monkeypatch):
+    """mlp's relu(x @ w1 + b1): where a row and the bias lie on one bank, the bias is copied to
+    other slices and the row stays one fused chain (the op-by-op form made it a straggler,
+    a trip per op behind the others): fewer cycles, results within the reference's tolerance."""
+    import os
+    from lpu.compiler import lower_fuse
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "mlp.lpu")) as f:
+        src = f.read()
+    calls = []
+    staged = lower_fuse._staged_chain
+    monkeypatch.setattr(lower_fuse, "_staged_chain", lambda *a: calls.append(a[3]) or staged(*a))
+    prog, g, _, _ = run_checked(src, m, 18, "mlp.lpu")
+    assert calls
+    monkeypatch.setattr(lower_fuse, "_staged_chain", lambda *a: False)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
+
+
+def test_a_lone_reduction_across_vectors_keeps_its_partials_next_to_the_vxm(monkeypatch):
+    """attention_prefill's packed softmax: the max's and the sum's block partials lie in the
+    slices nearest the VXM, half of them west and half east (consecutive slots had put all
+    32 planes on one side, up to 44 hops away): fewer cycles, results within tolerance."""
+    import os
+    from lpu.compiler import lower_reduce
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
+        src = f.read()
+    grids = []
+    near = lower_reduce._partials
+    monkeypatch.setattr(lower_reduce, "_partials", lambda *a: grids.append(near(*a)) or grids[-1])
+    prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
+    hops = [abs(m.slice_pos(int(s) % m.mem_slices) - m.vxm_pos) for grid, _ in grids for s in grid.reshape(-1)]
+    west = [int(s) % m.mem_slices < m.mem_slices_per_hemisphere for grid, _ in grids for s in grid.reshape(-1)]
+    assert len(grids) == 2 and max(hops) <= 16 and sum(west) * 2 == len(west)
+    monkeypatch.setattr(lower_reduce, "_peers_across", lambda *a: 2)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
 
 
 # a layernorm of f32 rows wider than the lanes (bert_base's x + a): its mean a rotated lane tree
