@@ -64,6 +64,7 @@ class Registry:
         self.qgroups: dict[tuple, int] = {}
         self.markers: dict = {}
         self.hints: dict = {}
+        self._qg_arrays = None          # qgroup_arrays() for the groups there were then
 
     def qgroup(self, queues: tuple) -> int:
         return _id(self.qgroups, queues)
@@ -76,9 +77,12 @@ class Registry:
 
     def qgroup_arrays(self):
         """(ptr, queues): group i holds queues[ptr[i]:ptr[i+1]]."""
+        if self._qg_arrays is not None and len(self._qg_arrays[0]) == len(self.qgroups) + 1:
+            return self._qg_arrays
         order = sorted(self.qgroups, key=self.qgroups.get)
         ptr = np.cumsum([0] + [len(qs) for qs in order]).astype(np.int64)
         q = np.fromiter((x for qs in order for x in qs), np.int64, int(ptr[-1]))
+        self._qg_arrays = (ptr, q)
         return ptr, q
 
 
