@@ -108,21 +108,22 @@ class Group:
             r.program.__dict__.pop("_emulator_prepared", None)
 
     def step(self, until: int, deliveries: list):
-        """Deliver [(chip, link, arrival, payload)], advance every chip to `until`. Returns
-        (sent [(chip, link, cycle, payload)], next: the earliest cycle a paused chip waits at, or
-        None when none is paused)."""
-        for c, link, arrival, payload in deliveries:
+        """Deliver [(chip, links, arrivals, payloads)], advance every chip to `until`. Returns
+        (sent [(chip, links, cycles, payloads)], next: the earliest cycle a paused chip waits at,
+        or None when none is paused)."""
+        for c, links, arrivals, payloads in deliveries:
             if c in self.results:
-                raise HazardError(f"hazard at cycle {arrival} on chip {c}: a vector delivered on link {link} after "
-                                  f"the chip's last instruction (no RECV took it)", arrival, "-", -1, "-", 0,
-                                  H_LINK_UNREAD, "one RECV per vector sent")
+                raise HazardError(f"hazard at cycle {int(arrivals[0])} on chip {c}: a vector delivered on link "
+                                  f"{int(links[0])} after the chip's last instruction (no RECV took it)",
+                                  int(arrivals[0]), "-", -1, "-", 0, H_LINK_UNREAD, "one RECV per vector sent")
             if c in self.waiting:
                 self._start(c)
-            self.runs[c].deliver(link, arrival, payload)
+            self.runs[c].deliver(links, arrivals, payloads)
         sent, nxt = [], None
         for c, r in list(self.runs.items()):
-            for link, t, payload in r.advance(until):
-                sent.append((c, link, t, payload))
+            links, cycles, payloads = r.advance(until)
+            if len(links):
+                sent.append((c, links, cycles, payloads))
             if r.done:
                 self._end(c)
             else:
@@ -223,13 +224,14 @@ def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = Non
     return _drive(sp, [Group(items, system.slot_cycles, trace)], values, parallel=False)
 
 
-def _route(system, chip: int, link: int, t: int) -> tuple[int, int, int]:
-    """(peer chip, its link, latency) of a chip's link."""
-    peer = system.peer(chip, link)
-    if peer < 0:
-        raise LpuError(f"chip {chip} sends on link {link} at cycle {t}, which leads to no chip of this "
-                       f"{system.chips}-chip system")
-    return peer, system.link_between(chip, peer)[1], system.hop_between(chip, peer)
+def _routes(system, chip: int) -> np.ndarray:
+    """int64[3, links]: per link of the chip, (peer chip, its link, latency); peer -1: no chip."""
+    out = np.full((3, system.machine.c2c_links), -1, np.int64)
+    for link in range(out.shape[1]):
+        peer = system.peer(chip, link)
+        if peer >= 0:
+            out[:, link] = peer, system.link_between(chip, peer)[1], system.hop_between(chip, peer)
+    return out
 
 
 def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
@@ -240,7 +242,7 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
             owner[c] = gi
     win = system.min_latency
     w, windows = 0, 0
-    routes = {}
+    routes = [_routes(system, c) for c in range(len(sp.chips))]
     pending = [[] for _ in groups]
     while True:
         until = w + win
@@ -254,12 +256,15 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
         pending = [[] for _ in groups]
         nxt = None
         for sent, n in answers:
-            for c, link, t, payload in sent:
-                to = routes.get((c, link))
-                if to is None:
-                    to = routes[(c, link)] = _route(system, c, link, t)
-                peer, back, hop = to
-                pending[owner[peer]].append((peer, back, t + hop, payload))
+            for c, links, cycles, payloads in sent:
+                peer, back, hop = routes[c][:, links]
+                if (peer < 0).any():
+                    k = int(np.flatnonzero(peer < 0)[0])
+                    raise LpuError(f"chip {c} sends on link {int(links[k])} at cycle {int(cycles[k])}, which leads to "
+                                   f"no chip of this {system.chips}-chip system")
+                for to in np.unique(peer):
+                    sel = np.flatnonzero(peer == to)
+                    pending[owner[int(to)]].append((int(to), back[sel], cycles[sel] + hop[sel], payloads[sel]))
             if n is not None:
                 nxt = n if nxt is None else min(nxt, n)
         if nxt is None and not any(pending):
