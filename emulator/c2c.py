@@ -93,7 +93,7 @@ class ChipRun:
                 self.done = True
         n = int(ctl[CL.L_OUT])
         ctl[CL.L_OUT] = 0
-        return out_link[:n].copy(), out_cycle[:n].copy(), out_pay[:n].copy()
+        return out_link[:n].copy(), out_cycle[:n].copy(), out_pay[:n].copy() if n else out_pay[:0]
 
     def _link_hazard(self):
         i, link, x = int(self.hz[1]), int(self.hz[3]), int(self.hz[4])

@@ -4,7 +4,9 @@ program (emulator/c2c.py); a vector sent on a link is delivered at its arrival c
 Conservative parallel simulation: every link's latency is at least W = system.min_latency
 cycles, so what a chip receives before cycle w + W was sent before cycle w. The chips advance
 window by window ([w, w + W)); after each window the vectors sent in it are delivered to their
-receivers. Windows in which no chip waits to receive are skipped. A chip may compute (and send)
+receivers. The next window starts where the earliest paused chip waits (every vector sent
+before that cycle is known), so windows in which no chip waits to receive are skipped. A chip
+may compute (and send)
 past a window: only its RECVs wait for the others, so the result does not depend on how the
 chips are grouped: all in this process (default), or in groups on `workers` local
 processes (multiprocessing), or on Ray actors (emulator/cluster.py, the `cluster` extra).
@@ -269,7 +271,7 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
                 nxt = n if nxt is None else min(nxt, n)
         if nxt is None and not any(pending):
             break
-        w = until if nxt is None else max(until, nxt // win * win)
+        w = until if nxt is None else max(until, nxt)      # every vector sent before nxt is known
     results = {}
     for g in groups:
         results.update(g.finish())
