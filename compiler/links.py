@@ -14,6 +14,7 @@ from lpu.compiler.place_core import NONE
 from lpu.compiler.verify import UNIT
 from lpu.isa import opcodes as O
 from lpu.isa.machine import UNIT_ICU
+from lpu.isa.program import vector_grid
 
 FILL = 0.85      # of a chip's SRAM for a stage's resident tensors and transfers (the rest: its temporaries)
 
@@ -27,6 +28,14 @@ def planes(sym):
     return [(v, b) for v in range(sym.slices.shape[0]) for b in range(sym.slices.shape[1])]
 
 
+def planes_by_chunk(sym, lanes: int):
+    """The byte planes of a symbol, column chunk by column chunk (vector v is row v // chunks,
+    chunk v % chunks): a receiver's matmul over the value can start on the first chunk of
+    every row (its first K block) while the rest is still on the link."""
+    nrow, chunks, _ = vector_grid(tuple(sym.shape), lanes)
+    return [(r * chunks + c, b) for c in range(chunks) for r in range(nrow) for b in range(sym.slices.shape[1])]
+
+
 def send_chains(system, sends, log):
     """after(sched, reg, low): per value sent (name, link), per byte plane, a chain READ -> SEND
     (the READ after the plane's last write, by the scheduler's data rule), each link's SENDs in
@@ -38,7 +47,7 @@ def send_chains(system, sends, log):
         syms = {y.name: y for y in low.symbols}
         for name, link, line in sends:
             sym, q, lp = syms[name], m.c2c_queue(link), m.c2c_pos(link)
-            for v, b in planes(sym):
+            for v, b in planes_by_chunk(sym, m.lanes):
                 cb = ChainBuilder(ctx, line)
                 gi = cb.read(slot(sym, v, b, m), 1, lp, 0)
                 cb.ins.append(Ins((q,), 0, O.SEND, [0], patch=((0, gi, 0, 0),), after=((("send", link), 0),),

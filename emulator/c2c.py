@@ -1,11 +1,13 @@
-"""One chip of a system (emulator/system.py): its program run in windows of cycles, and its
-chip-to-chip instructions, which the core hands to the host (core.H_C2C) one at a time.
+"""One chip of a system (emulator/system.py): its program run in windows of cycles. Its
+chip-to-chip instructions run inside the jitted core (emulator/core_links.py): SENDs fill the
+chip's outbox, RECVs take what the host delivered to its inbox, and the run pauses at the first
+RECV at or after the window's end.
 
-SEND reads its byte plane from the stream at the link's position in its cycle and puts it in the
-chip's outbox with the link and the cycle; it is a hazard if the link is still carrying the
-previous vector (less than slot_cycles since the last SEND on that link). RECV takes the oldest
-vector delivered to its link; it is a hazard if none has arrived by its cycle (a vector arrives
-hop_cycles after its SEND). Its payload goes on the stream at the link's position in its cycle.
+SEND reads its byte plane from the stream at the link's position in its cycle; it is a hazard if
+the link is still carrying the previous vector (less than slot_cycles since the last SEND on that
+link). RECV takes the oldest vector delivered to its link; it is a hazard if none has arrived by
+its cycle (a vector arrives hop_cycles after its SEND). Its payload goes on the stream at the
+link's position in its cycle.
 
 `advance(until)` executes every instruction up to the first RECV at cycle `until` or later: a
 chip's other instructions (its SENDs too) do not depend on other chips, so it may run past the
@@ -13,11 +15,10 @@ window; only what it receives does.
 """
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
 from lpu.emulator import core
+from lpu.emulator import core_links as CL
 from lpu.emulator import run as R
 from lpu.emulator.prepare import prepare
 from lpu.isa import opcodes as O
@@ -30,7 +31,7 @@ class ChipRun:
         m = program.machine
         self.chip, self.program, self.slot, self.trace = chip, program, slot_cycles, trace
         self.prep = prep = prepare(program, R.schedule)
-        self.s = prep.sched
+        self.s = s = prep.sched
         self.mem = R.load(program, values, prep)
         self.valid = np.zeros(len(self.mem), np.uint8)
         self.valid[prep.loaded_rows] = 1
@@ -47,75 +48,62 @@ class ChipRun:
         self.bulk = R.BULK_MIN if bulk else 0
         self.at = 0
         self.done = False
-        self.inbox = {}                  # link -> deque of (arrival cycle, payload)
-        self.last_send = {}              # link -> cycle
-        self.buf = np.zeros((4, m.lanes), np.uint8)
-        self.sent = self.received = 0
+        c2c = prep.cunit == core.U_C2C
+        recv = np.bincount(prep.uidx[c2c & (s.op == O.RECV)], minlength=m.c2c_links)
+        self.links = CL.links_state(m.lanes, m.c2c_links, int(np.count_nonzero(c2c) - recv.sum()), recv,
+                                    slot_cycles, True)
+        self.in_end = np.cumsum(recv)    # link j's inbox rows end here
+        self.extra = {}                  # link -> vectors delivered beyond its RECVs (none will take them)
 
-    def deliver(self, link: int, arrival: int, payload: np.ndarray) -> None:
-        self.inbox.setdefault(link, deque()).append((arrival, payload))
+    def deliver(self, links: np.ndarray, arrivals: np.ndarray, payloads: np.ndarray) -> None:
+        """Vectors that arrive on this chip's `links` at `arrivals` (in the order sent on each link)."""
+        in_arrival, in_pay, in_tail, end = self.links[5], self.links[6], self.links[8], self.in_end
+        for link in np.unique(links):
+            sel = np.flatnonzero(links == link)
+            t = int(in_tail[link])
+            k = min(len(sel), int(end[link]) - t)
+            if k < len(sel):
+                self.extra[int(link)] = self.extra.get(int(link), 0) + len(sel) - k
+            in_arrival[t:t + k] = arrivals[sel[:k]]
+            in_pay[t:t + k] = payloads[sel[:k]]
+            in_tail[link] = t + k
 
-    def advance(self, until: int) -> list:
+    def advance(self, until: int) -> tuple:
         """Run up to the first RECV at or after cycle `until` (or the end); returns the vectors
-        sent meanwhile: [(link, cycle, payload)]."""
+        sent meanwhile: (links, cycles, payloads)."""
         m, s, prep, hz = self.program.machine, self.s, self.prep, self.hz
-        out = []
+        ctl, _, out_link, out_cycle, out_pay = self.links[:5]
+        ctl[CL.L_UNTIL] = until
         while not self.done:
             self.at = core.execute(self.at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency,
                                    m.lanes, m.streams_per_direction, m.acc_rows, m.f16_pair_cycles,
                                    m.addresses_per_bank, prep.bank_base, prep.bank_lo, self.mem, self.valid,
-                                   prep.tables, R.F16_TO_F32, prep.workspace, self.bulk, hz, self.counters)
+                                   prep.tables, R.F16_TO_F32, prep.workspace, self.links, self.bulk, hz, self.counters)
             if hz[0] == core.H_FLUSH:
                 R._bulk(prep.workspace, int(hz[3]))
                 hz[:] = 0
             elif hz[0] == core.H_C2C:
-                i = self.at
-                if s.cycle[i] >= until and s.op[i] == O.RECV:
-                    hz[:] = 0
-                    break
-                self._c2c(i, out)
                 hz[:] = 0
-                self.at = i + 1
+                break
+            elif hz[0] in (CL.H_LINK_BUSY, CL.H_LINK_EARLY):
+                raise self._link_hazard()
             elif hz[0] != core.H_NONE:
                 raise self._chip_error(R._hazard(self.program, s, hz))
             else:
                 self.done = True
-        return out
+        n = int(ctl[CL.L_OUT])
+        ctl[CL.L_OUT] = 0
+        return out_link[:n].copy(), out_cycle[:n].copy(), out_pay[:n].copy() if n else out_pay[:0]
 
-    def _c2c(self, i: int, out: list) -> None:
-        s, prep = self.s, self.prep
-        t, link, ref = int(s.cycle[i]), int(prep.uidx[i]), int(s.args[i, 0])
-        ring = prep.workspace[0] + (self.mem,)     # the core's stream tuple: a READ's value may be a row of mem
-        spd = self.program.machine.streams_per_direction
-        if not core.ref_ok(ref, 1, spd):
-            self.hz[0], self.hz[1], self.hz[2], self.hz[3], self.hz[4] = core.H_OPERAND, i, t, 0, ref
-            raise self._chip_error(R._hazard(self.program, s, self.hz))
-        if s.op[i] == O.SEND:
-            last = self.last_send.get(link)
-            if last is not None and t - last < self.slot:
-                raise self._link_error(i, H_LINK_BUSY, f"two sends on link {link} in one slot (the previous at cycle "
-                                       f"{last}; a link carries one vector per {self.slot} cycles)",
-                                       f"send at cycle {last + self.slot} or later")
-            if not core.stream_read(ref, 1, int(prep.upos[i]), t, ring, self.buf, self.hz):
-                self.hz[1], self.hz[2] = i, t
-                raise self._chip_error(R._hazard(self.program, s, self.hz))
-            self.last_send[link] = t
-            out.append((link, t, self.buf[0].copy()))
-            self.sent += 1
-            return
-        q = self.inbox.get(link)
-        if not q or q[0][0] > t:
-            what = (f"the next vector on link {link} arrives at cycle {q[0][0]}" if q else
-                    f"no vector has arrived on link {link}")
-            raise self._link_error(i, H_LINK_EARLY, f"receive before arrival: {what}",
-                                   f"receive at cycle {q[0][0]} or later" if q else "a vector sent hop_cycles earlier")
-        _, payload = q.popleft()
-        self.buf[0] = payload
-        self.hz[:] = 0
-        if not core.stream_write(ref, 1, int(prep.upos[i]), t, i, ring, self.buf, self.hz):
-            self.hz[1], self.hz[2] = (self.hz[6], s.cycle[self.hz[6]]) if self.hz[0] == core.H_UNREAD else (i, t)
-            raise self._chip_error(R._hazard(self.program, s, self.hz))
-        self.received += 1
+    def _link_hazard(self):
+        i, link, x = int(self.hz[1]), int(self.hz[3]), int(self.hz[4])
+        if self.hz[0] == CL.H_LINK_BUSY:
+            return self._link_error(i, H_LINK_BUSY, f"two sends on link {link} in one slot (the previous at cycle "
+                                    f"{x}; a link carries one vector per {self.slot} cycles)",
+                                    f"send at cycle {x + self.slot} or later")
+        what = f"the next vector on link {link} arrives at cycle {x}" if x >= 0 else f"no vector has arrived on link {link}"
+        return self._link_error(i, H_LINK_EARLY, f"receive before arrival: {what}",
+                                f"receive at cycle {x} or later" if x >= 0 else "a vector sent hop_cycles earlier")
 
     def _link_error(self, i: int, kind: str, detail: str, expected: str):
         p, s = self.program, self.s
@@ -136,9 +124,11 @@ class ChipRun:
     def finish(self) -> R.RunResult:
         """The chip's result, after its last instruction (its cycle count checked)."""
         p, s, prep, m = self.program, self.s, self.prep, self.program.machine
-        left = sum(len(q) for q in self.inbox.values())
-        if left:
-            link = next(k for k, q in self.inbox.items() if q)
+        ctl, in_head, in_tail = self.links[0], self.links[7], self.links[8]
+        left = in_tail - in_head
+        if left.any() or self.extra:
+            link = int(np.flatnonzero(left)[0]) if left.any() else min(self.extra)
+            left = int(left.sum()) + sum(self.extra.values())
             raise R.HazardError(f"hazard at the end of the run on chip {self.chip}: {left} vector(s) delivered on "
                                 f"link {link} (and others) that no RECV took", 0, "-", -1, "-", 0, H_LINK_UNREAD,
                                 "one RECV per vector sent")
@@ -154,8 +144,8 @@ class ChipRun:
         units = {"mem": m.mem_slices * m.banks_per_slice, "vxm": m.vxm_alus, "mxm": m.mxm_planes,
                  "sxm": 2 * m.sxm_queues_per_hemisphere}
         counts = dict(busy, macs=int(c[core.K_MACS]), sram_read_bytes=int(c[core.K_SRAM_READ]),
-                      sram_written_bytes=int(c[core.K_SRAM_WRITTEN]), link_vectors_sent=self.sent,
-                      link_vectors_received=self.received)
+                      sram_written_bytes=int(c[core.K_SRAM_WRITTEN]), link_vectors_sent=int(ctl[CL.L_SENT]),
+                      link_vectors_received=int(ctl[CL.L_RECEIVED]))
         util = {k: (busy[k] / (cycles * units[k]) if cycles else 0.0) for k in ("mxm", "vxm", "mem", "sxm")}
         mem = self.mem
         return R.RunResult(

@@ -34,6 +34,7 @@ from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, pre
     U_MXM, U_SXM, U_VXM, copy_run, first_unread, operand_error, order_done, order_hazard, ref_ok,
     stream_read, stream_write, zero_run,
 )
+from lpu.emulator.core_links import L_ON, c2c_exec
 from lpu.emulator.mxm import accumulate, install, products
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     CORE_OPS, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
@@ -407,11 +408,13 @@ def reset(ws):
 
 @njit(cache=True)
 def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles,
-            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, bulk_min, hz, counters):
+            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, links, bulk_min, hz, counters):
     """Execute the sorted instruction list from `start`; returns where it stopped: the end, the
     instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
-    H_FLUSH: call again from there), or a chip-to-chip instruction (hz[0] == H_C2C: the host runs
-    it, emulator/c2c.py, and calls again from the next). Dispatch is by each instruction's core
+    H_FLUSH: call again from there), or a RECV at or after the window's end (hz[0] == H_C2C: the
+    host delivers what other chips sent and calls again from it; emulator/core_links.py, whose
+    `links` state a one-chip run passes switched off: then every C2C instruction stops the run
+    with H_C2C). Dispatch is by each instruction's core
     unit (`cunit`), then by its core operation. (This function allocates the scratch vectors and
     keeps every array alive while `_loop` uses them borrowed: emulator/borrow.py.)"""
     (ring, bank_last, lbuf, lw_dt, _, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
@@ -428,15 +431,16 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     return _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles, naddr, bank_base,
                  bank_lo, mem, valid, tables, f16tab, ring[0], ring[1], ring[2], ring[3], ring[4], ring[5], bank_last, lbuf,
                  lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n,
-                 order[0], order[1], order[2], wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, bulk_min, hz,
-                 counters)
+                 order[0], order[1], order[2], wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, links[0], links[1],
+                 links[2], links[3], links[4], links[5], links[6], links[7], links[8], bulk_min, hz, counters)
 
 
 @njit(cache=True)
 def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles, naddr, bank_base, bank_lo,
           mem, valid, tables, f16tab, ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, bank_last, lbuf, lw_dt, wts32,
           wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n, ord_lw, ord_acc, ord_last,
-          wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, bulk_min, hz, counters):
+          wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, lk_ctl, lk_last, out_link, out_cycle, out_pay,
+          in_arrival, in_pay, in_head, in_tail, bulk_min, hz, counters):
     """`execute`'s loop, on borrowed arrays (no reference counting: emulator/borrow.py)."""
     cyc, cop, cunit, uidx, upos, args, lat = (borrowed(cyc), borrowed(cop), borrowed(cunit), borrowed(uidx),
                                               borrowed(upos), borrowed(args), borrowed(lat))
@@ -454,6 +458,9 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
     act, sa, sb, so, fa, fb, ia, u32, ybuf = (borrowed(act), borrowed(sa), borrowed(sb), borrowed(so), borrowed(fa),
                                               borrowed(fb), borrowed(ia), borrowed(u32), borrowed(ybuf))
     hz, counters = borrowed(hz), borrowed(counters)
+    lk_ctl, lk_last, out_link, out_cycle, out_pay = (borrowed(lk_ctl), borrowed(lk_last), borrowed(out_link),
+                                                     borrowed(out_cycle), borrowed(out_pay))
+    in_arrival, in_pay, in_head, in_tail = borrowed(in_arrival), borrowed(in_pay), borrowed(in_head), borrowed(in_tail)
     f32v = u32.view(np.float32)
     n = cyc.shape[0]
     for i in range(start, n):
@@ -474,13 +481,16 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)
-        elif u == U_C2C:          # the host runs it (emulator/c2c.py) and calls again from i + 1
-            hz[0] = H_C2C
-            return i
+        elif u == U_C2C:
+            if lk_ctl[L_ON] == 0:
+                hz[0] = H_C2C
+                return i
+            ok = c2c_exec(op, a[0], uidx[i], p, t, i, spd, ring, lk_ctl, lk_last, out_link, out_cycle, out_pay,
+                          in_arrival, in_pay, in_head, in_tail, sa, hz)
         else:
             ok = sxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, tables, ring, tbuf, sa, so, hz, counters)
         if not ok:
-            if hz[0] == H_FLUSH:
+            if hz[0] == H_FLUSH or hz[0] == H_C2C:
                 return i
             if hz[0] == H_UNREAD:      # reported at the writer of the value nobody read
                 hz[1], hz[2] = hz[6], cyc[hz[6]]

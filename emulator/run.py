@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lpu.emulator import core, mxm, sram_core
+from lpu.emulator.core_links import NO_LINKS
 from lpu.emulator.prepare import Prepared, prepare
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import NP_DTYPE
@@ -379,7 +380,7 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) 
         at = core.execute(at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency,
                           m.lanes, m.streams_per_direction, m.acc_rows, m.f16_pair_cycles,
                           m.addresses_per_bank, prep.bank_base, prep.bank_lo, mem, valid, prep.tables, F16_TO_F32,
-                          prep.workspace, BULK_MIN if bulk else 0, hz, counters)
+                          prep.workspace, NO_LINKS, BULK_MIN if bulk else 0, hz, counters)
         if hz[0] == core.H_C2C:
             raise LpuError(f"{program.source_name or 'the program'}: instruction {int(s.src[at])} sends or receives "
                            f"over a chip-to-chip link: it is one chip of a system; run the system (lpu run --chips)")

@@ -2,10 +2,11 @@
 program (emulator/c2c.py); a vector sent on a link is delivered at its arrival cycle.
 
 Conservative parallel simulation: every link's latency is at least W = system.min_latency
-cycles, so what a chip receives before cycle w + W was sent before cycle w. The chips advance
-window by window ([w, w + W)); after each window the vectors sent in it are delivered to their
-receivers. Windows in which no chip waits to receive are skipped. A chip may compute (and send)
-past a window: only its RECVs wait for the others, so the result does not depend on how the
+cycles, so a chip paused at cycle r sends nothing that arrives before r + W. The chips advance
+window by window; after each window the vectors sent in it are delivered to their receivers,
+and each chip may run next up to W past the earliest cycle at which another unfinished chip
+waits (`_untils`): a pipeline's chips run one after another in a few windows. A chip may
+compute (and send) past a window: only its RECVs wait for the others, so the result does not depend on how the
 chips are grouped: all in this process (default), or in groups on `workers` local
 processes (multiprocessing), or on Ray actors (emulator/cluster.py, the `cluster` extra).
 """
@@ -107,28 +108,28 @@ class Group:
         if not self.keep:
             r.program.__dict__.pop("_emulator_prepared", None)
 
-    def step(self, until: int, deliveries: list):
-        """Deliver [(chip, link, arrival, payload)], advance every chip to `until`. Returns
-        (sent [(chip, link, cycle, payload)], next: the earliest cycle a paused chip waits at, or
-        None when none is paused)."""
-        for c, link, arrival, payload in deliveries:
+    def step(self, until: dict, deliveries: list):
+        """Deliver [(chip, links, arrivals, payloads)], advance every chip c to until[c]. Returns
+        (sent [(chip, links, cycles, payloads)], paused {chip: the cycle it waits at}, waiting:
+        the chips not started)."""
+        for c, links, arrivals, payloads in deliveries:
             if c in self.results:
-                raise HazardError(f"hazard at cycle {arrival} on chip {c}: a vector delivered on link {link} after "
-                                  f"the chip's last instruction (no RECV took it)", arrival, "-", -1, "-", 0,
-                                  H_LINK_UNREAD, "one RECV per vector sent")
+                raise HazardError(f"hazard at cycle {int(arrivals[0])} on chip {c}: a vector delivered on link "
+                                  f"{int(links[0])} after the chip's last instruction (no RECV took it)",
+                                  int(arrivals[0]), "-", -1, "-", 0, H_LINK_UNREAD, "one RECV per vector sent")
             if c in self.waiting:
                 self._start(c)
-            self.runs[c].deliver(link, arrival, payload)
-        sent, nxt = [], None
+            self.runs[c].deliver(links, arrivals, payloads)
+        sent, paused = [], {}
         for c, r in list(self.runs.items()):
-            for link, t, payload in r.advance(until):
-                sent.append((c, link, t, payload))
+            links, cycles, payloads = r.advance(until[c])
+            if len(links):
+                sent.append((c, links, cycles, payloads))
             if r.done:
                 self._end(c)
             else:
-                t = int(r.s.cycle[r.at])
-                nxt = t if nxt is None else min(nxt, t)
-        return sent, nxt
+                paused[c] = int(r.s.cycle[r.at])
+        return sent, paused, list(self.waiting)
 
     def finish(self) -> dict:
         for c in list(self.waiting):          # never sent anything: it stops at its first RECV
@@ -223,13 +224,32 @@ def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = Non
     return _drive(sp, [Group(items, system.slot_cycles, trace)], values, parallel=False)
 
 
-def _route(system, chip: int, link: int, t: int) -> tuple[int, int, int]:
-    """(peer chip, its link, latency) of a chip's link."""
-    peer = system.peer(chip, link)
-    if peer < 0:
-        raise LpuError(f"chip {chip} sends on link {link} at cycle {t}, which leads to no chip of this "
-                       f"{system.chips}-chip system")
-    return peer, system.link_between(chip, peer)[1], system.hop_between(chip, peer)
+def _routes(system, chip: int) -> np.ndarray:
+    """int64[3, links]: per link of the chip, (peer chip, its link, latency); peer -1: no chip."""
+    out = np.full((3, system.machine.c2c_links), -1, np.int64)
+    for link in range(out.shape[1]):
+        peer = system.peer(chip, link)
+        if peer >= 0:
+            out[:, link] = peer, system.link_between(chip, peer)[1], system.hop_between(chip, peer)
+    return out
+
+
+NEVER = 1 << 62
+
+
+def _untils(paused: dict, waiting: list, first: dict, win: int, chips) -> dict:
+    """The cycle each chip may run to (its first RECV at or after it waits): every vector that
+    arrives before it is delivered. Another chip paused at cycle r sends nothing before r, so
+    nothing from it arrives before r + win; a chip not started (it waits for its first vector:
+    Group) sends nothing before that vector arrives, at the earliest its pending delivery or
+    win after the earliest paused chip. Finished chips send nothing more. The same for any
+    grouping of the chips: every figure is the whole system's."""
+    lo = min(paused.values(), default=NEVER - win)
+    bound = dict(paused)
+    for c in waiting:
+        bound[c] = min(first.get(c, NEVER), lo + win)
+    order = sorted(bound.items(), key=lambda kv: kv[1])[:2] + [(-1, NEVER - win)] * 2
+    return {c: min((order[1] if order[0][0] == c else order[0])[1] + win, NEVER) for c in chips}
 
 
 def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
@@ -239,11 +259,11 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
         for c in (g.chips if isinstance(g, Group) else range(gi, len(sp.chips), len(groups))):
             owner[c] = gi
     win = system.min_latency
-    w, windows = 0, 0
-    routes = {}
+    windows, everyone = 0, range(len(sp.chips))
+    until = dict.fromkeys(everyone, win)
+    routes = [_routes(system, c) for c in everyone]
     pending = [[] for _ in groups]
     while True:
-        until = w + win
         if parallel:
             for g, d in zip(groups, pending):
                 g.send_step(until, d)
@@ -252,19 +272,23 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
             answers = [g.step(until, d) for g, d in zip(groups, pending)]
         windows += 1
         pending = [[] for _ in groups]
-        nxt = None
-        for sent, n in answers:
-            for c, link, t, payload in sent:
-                to = routes.get((c, link))
-                if to is None:
-                    to = routes[(c, link)] = _route(system, c, link, t)
-                peer, back, hop = to
-                pending[owner[peer]].append((peer, back, t + hop, payload))
-            if n is not None:
-                nxt = n if nxt is None else min(nxt, n)
-        if nxt is None and not any(pending):
+        paused, waiting, first = {}, [], {}
+        for sent, p, wait in answers:
+            paused.update(p)
+            waiting += wait
+            for c, links, cycles, payloads in sent:
+                peer, back, hop = routes[c][:, links]
+                if (peer < 0).any():
+                    k = int(np.flatnonzero(peer < 0)[0])
+                    raise LpuError(f"chip {c} sends on link {int(links[k])} at cycle {int(cycles[k])}, which leads to "
+                                   f"no chip of this {system.chips}-chip system")
+                for to in np.unique(peer):
+                    sel = np.flatnonzero(peer == to)
+                    pending[owner[int(to)]].append((int(to), back[sel], cycles[sel] + hop[sel], payloads[sel]))
+                    first[int(to)] = min(first.get(int(to), NEVER), int((cycles[sel] + hop[sel]).min()))
+        if not paused and not any(pending):
             break
-        w = until if nxt is None else max(until, nxt // win * win)
+        until = _untils(paused, waiting, first, win, everyone)
     results = {}
     for g in groups:
         results.update(g.finish())

@@ -166,6 +166,19 @@ def test_result_does_not_depend_on_the_grouping(mlp2):
     assert one.windows == two.windows
 
 
+def test_a_chip_runs_a_window_per_core_call(mlp2, monkeypatch):
+    """SEND and RECV run inside the jitted core (emulator/core_links.py): the core returns to
+    the host once per window a chip waits in (or to multiply out a batch), not per C2C instruction."""
+    from lpu.emulator import c2c, core
+    g, sp = mlp2
+    calls, real = [], core.execute
+    monkeypatch.setattr(c2c.core, "execute", lambda *a: calls.append(1) or real(*a))
+    r = run_system(sp, random_values(g, 0), workers=0)
+    vectors = r.chips[0].counters["link_vectors_sent"]       # 64 vectors, 3 windows, 14 calls
+    assert vectors > 4 * len(sp.chips) * r.windows
+    assert len(calls) < vectors
+
+
 def test_bundle_round_trip_and_old_readers(mlp2, tmp_path):
     from lpu.isa.bundle import decode_bundle, encode_bundle
     from lpu.isa.encoding import decode
