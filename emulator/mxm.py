@@ -145,11 +145,17 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
         else:
             na, clo, chi = support(x, n, wcols, wnorm, act)
         nc = chi - clo
-        for j in range(na):
-            k = act[j]
+        for j in range(na):              # two rows of the batch per pass over a weight row (each weight
+            k = act[j]                   # converted and loaded once for both)
             row = w[k, clo:chi]
-            for b in range(n):
-                xk, yb = x[b, k], y[b, clo:chi]
+            for b in range(0, n - 1, 2):
+                x0, x1, y0, y1 = x[b, k], x[b + 1, k], y[b, clo:chi], y[b + 1, clo:chi]
+                for m in range(nc):
+                    r = np.float64(row[m])
+                    y0[m] += x0 * r
+                    y1[m] += x1 * r
+            if n % 2:
+                xk, yb = x[n - 1, k], y[n - 1, clo:chi]
                 for m in range(nc):
                     yb[m] += xk * row[m]
         if dt != D_I8:
