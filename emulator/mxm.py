@@ -223,16 +223,30 @@ def install(buf, dt, trans, lanes, f16tab, w, wnorm, wcols):
     float32 numbers (f16 and i8 values are exact in it); wnorm[n]: the 2-norm of
     column n (for `settle`), rounded up a little; wcols: `row_support`."""
     lo, hi = buf[0], buf[1]
-    for k in range(lanes):
-        for n in range(lanes):
-            w[k, n] = weight(lo[k, n], hi[k, n], dt, f16tab)
     if trans:
+        for k in range(lanes):
+            for n in range(lanes):
+                w[k, n] = weight(lo[k, n], hi[k, n], dt, f16tab)
         for k0 in range(0, lanes, 32):
             for n0 in range(k0, lanes, 32):
                 for k in range(k0, min(k0 + 32, lanes)):
                     for n in range(max(n0, k + 1), min(n0 + 32, lanes)):
                         w[k, n], w[n, k] = w[n, k], w[k, n]
-    column_norms(w, wnorm)
+        column_norms(w, wnorm)
+    else:                        # decoded and squared in one pass (the same sums as column_norms)
+        wnorm[:] = 0.0
+        for k in range(lanes):
+            wk, lk, hk = w[k], lo[k], hi[k]
+            if dt == D_I8:
+                for n in range(lanes):
+                    wk[n] = np.float32(np.int8(lk[n]))
+            else:
+                for n in range(lanes):
+                    wk[n] = f16tab[np.int64(lk[n]) | (np.int64(hk[n]) << 8)]
+            for n in range(lanes):
+                v = np.float64(wk[n])
+                wnorm[n] += v * v
+        finish_norms(wnorm)
     row_support(w, wcols)
 
 
@@ -251,7 +265,13 @@ def column_norms(w, out):
         for n in range(w.shape[1]):
             v = np.float64(w[k, n])
             out[n] += v * v
-    for n in range(w.shape[1]):
+    finish_norms(out)
+
+
+@njit(cache=True, inline="always")
+def finish_norms(out):
+    """Sums of squares -> 2-norms, rounded up a little."""
+    for n in range(out.shape[0]):
         out[n] = np.sqrt(out[n]) * (1.0 + 2.0 ** -40)
 
 
