@@ -130,8 +130,9 @@ def row_support(w, out):
 def products(x, n, w, dt, y, exact, wnorm, wcols, act):
     """y[b, m] = the contract's result for the rows b < n of x (each weight row read once for
     the batch). f16 with `exact` (the reference path, every lane and column): the high and low
-    parts of `exact_dot` in y and a second array; else a float64 sum in lane order over the
-    `support` (wcols: `row_support` of w, act: int64 scratch [K]), settled like a BLAS product
+    parts of `exact_dot` in y and a second array; else a float64 sum over the `support` (wcols:
+    `row_support` of w, act: int64 scratch [K]), in blocks of four lanes (settle's bound holds
+    for any order of the sum; i8 sums are exact in any order), settled like a BLAS product
     (`settle`, wnorm: the column norms of w)."""
     lanes = w.shape[1]
     for b in range(n):
@@ -145,17 +146,29 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
         else:
             na, clo, chi = support(x, n, wcols, wnorm, act)
         nc = chi - clo
-        for j in range(na):              # two rows of the batch per pass over a weight row (each weight
-            k = act[j]                   # converted and loaded once for both)
-            row = w[k, clo:chi]
-            for b in range(0, n - 1, 2):
-                x0, x1, y0, y1 = x[b, k], x[b + 1, k], y[b, clo:chi], y[b + 1, clo:chi]
+        j = 0                            # four weight rows a pass, two batch rows at a time: each weight
+        while j + 4 <= na:               # converted and loaded once for both, each partial sum once for four
+            r0, r1, r2, r3 = w[act[j], clo:chi], w[act[j + 1], clo:chi], w[act[j + 2], clo:chi], w[act[j + 3], clo:chi]
+            for b in range(0, n, 2):
+                b1 = min(b + 1, n - 1)   # (b1 == b: an odd batch's last row, alone)
+                a0, a1, a2, a3 = x[b, act[j]], x[b, act[j + 1]], x[b, act[j + 2]], x[b, act[j + 3]]
+                c0, c1, c2, c3 = x[b1, act[j]], x[b1, act[j + 1]], x[b1, act[j + 2]], x[b1, act[j + 3]]
+                y0, y1 = y[b, clo:chi], y[b1, clo:chi]
+                if b1 == b:
+                    for m in range(nc):
+                        y0[m] += (a0 * np.float64(r0[m]) + a1 * np.float64(r1[m])) + \
+                            (a2 * np.float64(r2[m]) + a3 * np.float64(r3[m]))
+                    continue
                 for m in range(nc):
-                    r = np.float64(row[m])
-                    y0[m] += x0 * r
-                    y1[m] += x1 * r
-            if n % 2:
-                xk, yb = x[n - 1, k], y[n - 1, clo:chi]
+                    w0, w1, w2, w3 = np.float64(r0[m]), np.float64(r1[m]), np.float64(r2[m]), np.float64(r3[m])
+                    y0[m] += (a0 * w0 + a1 * w1) + (a2 * w2 + a3 * w3)
+                    y1[m] += (c0 * w0 + c1 * w1) + (c2 * w2 + c3 * w3)
+            j += 4
+        for jj in range(j, na):
+            k = act[jj]
+            row = w[k, clo:chi]
+            for b in range(n):
+                xk, yb = x[b, k], y[b, clo:chi]
                 for m in range(nc):
                     yb[m] += xk * row[m]
         if dt != D_I8:
