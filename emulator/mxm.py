@@ -130,9 +130,8 @@ def row_support(w, out):
 def products(x, n, w, dt, y, exact, wnorm, wcols, act):
     """y[b, m] = the contract's result for the rows b < n of x (each weight row read once for
     the batch). f16 with `exact` (the reference path, every lane and column): the high and low
-    parts of `exact_dot` in y and a second array; else a float64 sum over the `support` (wcols:
-    `row_support` of w, act: int64 scratch [K]), in blocks of four lanes (settle's bound holds
-    for any order of the sum; i8 sums are exact in any order), settled like a BLAS product
+    parts of `exact_dot` in y and a second array; else a float64 sum in lane order over the
+    `support` (wcols: `row_support` of w, act: int64 scratch [K]), settled like a BLAS product
     (`settle`, wnorm: the column norms of w)."""
     lanes = w.shape[1]
     for b in range(n):
@@ -146,26 +145,8 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
         else:
             na, clo, chi = support(x, n, wcols, wnorm, act)
         nc = chi - clo
-        j = 0                            # four weight rows a pass, two batch rows at a time: each weight
-        while j + 4 <= na:               # converted and loaded once for both, each partial sum once for four
-            r0, r1, r2, r3 = w[act[j], clo:chi], w[act[j + 1], clo:chi], w[act[j + 2], clo:chi], w[act[j + 3], clo:chi]
-            for b in range(0, n, 2):
-                b1 = min(b + 1, n - 1)   # (b1 == b: an odd batch's last row, alone)
-                a0, a1, a2, a3 = x[b, act[j]], x[b, act[j + 1]], x[b, act[j + 2]], x[b, act[j + 3]]
-                c0, c1, c2, c3 = x[b1, act[j]], x[b1, act[j + 1]], x[b1, act[j + 2]], x[b1, act[j + 3]]
-                y0, y1 = y[b, clo:chi], y[b1, clo:chi]
-                if b1 == b:
-                    for m in range(nc):
-                        y0[m] += (a0 * np.float64(r0[m]) + a1 * np.float64(r1[m])) + \
-                            (a2 * np.float64(r2[m]) + a3 * np.float64(r3[m]))
-                    continue
-                for m in range(nc):
-                    w0, w1, w2, w3 = np.float64(r0[m]), np.float64(r1[m]), np.float64(r2[m]), np.float64(r3[m])
-                    y0[m] += (a0 * w0 + a1 * w1) + (a2 * w2 + a3 * w3)
-                    y1[m] += (c0 * w0 + c1 * w1) + (c2 * w2 + c3 * w3)
-            j += 4
-        for jj in range(j, na):
-            k = act[jj]
+        for j in range(na):
+            k = act[j]
             row = w[k, clo:chi]
             for b in range(n):
                 xk, yb = x[b, k], y[b, clo:chi]
@@ -236,30 +217,16 @@ def install(buf, dt, trans, lanes, f16tab, w, wnorm, wcols):
     float32 numbers (f16 and i8 values are exact in it); wnorm[n]: the 2-norm of
     column n (for `settle`), rounded up a little; wcols: `row_support`."""
     lo, hi = buf[0], buf[1]
+    for k in range(lanes):
+        for n in range(lanes):
+            w[k, n] = weight(lo[k, n], hi[k, n], dt, f16tab)
     if trans:
-        for k in range(lanes):
-            for n in range(lanes):
-                w[k, n] = weight(lo[k, n], hi[k, n], dt, f16tab)
         for k0 in range(0, lanes, 32):
             for n0 in range(k0, lanes, 32):
                 for k in range(k0, min(k0 + 32, lanes)):
                     for n in range(max(n0, k + 1), min(n0 + 32, lanes)):
                         w[k, n], w[n, k] = w[n, k], w[k, n]
-        column_norms(w, wnorm)
-    else:                        # decoded and squared in one pass (the same sums as column_norms)
-        wnorm[:] = 0.0
-        for k in range(lanes):
-            wk, lk, hk = w[k], lo[k], hi[k]
-            if dt == D_I8:
-                for n in range(lanes):
-                    wk[n] = np.float32(np.int8(lk[n]))
-            else:
-                for n in range(lanes):
-                    wk[n] = f16tab[np.int64(lk[n]) | (np.int64(hk[n]) << 8)]
-            for n in range(lanes):
-                v = np.float64(wk[n])
-                wnorm[n] += v * v
-        finish_norms(wnorm)
+    column_norms(w, wnorm)
     row_support(w, wcols)
 
 
@@ -278,13 +245,7 @@ def column_norms(w, out):
         for n in range(w.shape[1]):
             v = np.float64(w[k, n])
             out[n] += v * v
-    finish_norms(out)
-
-
-@njit(cache=True, inline="always")
-def finish_norms(out):
-    """Sums of squares -> 2-norms, rounded up a little."""
-    for n in range(out.shape[0]):
+    for n in range(w.shape[1]):
         out[n] = np.sqrt(out[n]) * (1.0 + 2.0 ** -40)
 
 
