@@ -79,22 +79,25 @@ def support(x, n, wcols, wnorm, act):
     nonzero (wcols: `row_support` of w). Every other product is an exact zero, so the exact sum
     of an element is the exact sum over act[:na], and outside [lo, hi) it is +0: valid only
     where every operand is finite (x here, w by its column norms); otherwise every lane and
-    column (na = K, [0, lanes))."""
+    column (na = K, [0, lanes)). (x is scanned row by row, branch-free: a loop that vectorizes.)"""
     kk, lanes = wcols.shape[0], wnorm.shape[0]
     finite = True
     for m in range(lanes):
         if not np.isfinite(wnorm[m]):
             finite = False
+    nz = np.zeros(kk, np.uint8)
+    bad = np.zeros(kk, np.uint8)
+    for b in range(n):
+        row = x[b]
+        for k in range(kk):
+            v = row[k]
+            nz[k] |= v != 0.0
+            bad[k] |= not (abs(v) < np.inf)       # inf or NaN
     na = 0
     for k in range(kk):
-        nz = False
-        for b in range(n):
-            v = x[b, k]
-            if v != 0.0:
-                nz = True
-                if not np.isfinite(v):
-                    finite = False
-        if nz:
+        if bad[k]:
+            finite = False
+        if nz[k]:
             act[na] = k
             na += 1
     if not finite:
@@ -177,25 +180,34 @@ def settle(x, n, w, wnorm, y, clo, chi):
     """Turn the float64 BLAS product y = x[:n] @ w (f16 operands) in the columns [clo, chi) into
     the contract's results (the other columns are exact zeros: `support`): keep round(y) where
     the error bound proves it, recompute the rest exactly. Returns how many elements were
-    recomputed."""
+    recomputed. (Per row, one branch-free pass that vectorizes marks the doubtful elements;
+    a second visits them only if there are any.)"""
     k = w.shape[0]
     cs = split_scale(k)
     c = 2.0 * k * 2.0 ** -MANTISSA      # twice the summation error bound per unit of |x| |w|
     redo = 0
+    doubt = np.zeros(max(chi - clo, 0), np.uint8)
+    wn = wnorm[clo:chi]
     for b in range(n):
+        xb = x[b]
         xn = 0.0
         for j in range(k):
-            xn += x[b, j] * x[b, j]
+            xn += xb[j] * xb[j]
         xn = np.sqrt(xn) * c
-        for m in range(clo, chi):
-            v = y[b, m]
-            e = xn * wnorm[m]
-            lo, hi = np.float32(v - e), np.float32(v + e)
-            if np.isfinite(v) and np.isfinite(e) and lo == hi:
-                y[b, m] = np.float64(np.float32(v)) + 0.0
-            else:
-                y[b, m] = exact_dot(x[b], w, m, cs)
-                redo += 1
+        yb = y[b, clo:chi]
+        nd = 0
+        for m in range(chi - clo):
+            v = yb[m]
+            e = xn * wn[m]
+            ok = np.float32(v - e) == np.float32(v + e) and abs(v) + e < np.inf
+            doubt[m] = not ok
+            nd += not ok
+            yb[m] = np.float64(np.float32(v)) + 0.0 if ok else v
+        if nd:
+            for m in range(chi - clo):
+                if doubt[m]:
+                    yb[m] = exact_dot(xb, w, clo + m, cs)
+            redo += nd
     return redo
 
 
