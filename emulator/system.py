@@ -168,6 +168,10 @@ class ProcessGroup:
             items = [(c, dataclasses.replace(p), v) for c, p, v in items]
         self.proc = ctx.Process(target=_worker, args=(child, items, slot_cycles, trace), daemon=True)
         self.proc.start()
+
+    def ready(self):
+        """Wait until the worker has prepared its chips (every worker is started first, so
+        that they prepare at the same time)."""
         self._get()
 
     def _get(self):
@@ -217,6 +221,8 @@ def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = Non
                 ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
                 for g in range(n):
                     groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx, trace))
+                for g in groups:
+                    g.ready()
             return _drive(sp, groups, values, parallel=True)
         finally:
             for g in groups:
