@@ -184,18 +184,21 @@ def test_a_short_last_k_tile_takes_half_abcs(machine):
     """K = 2.4 chunks (768 on 320 lanes): the last K-tile (0.4 of a chunk) is one f16 pass of the
     pair (ABC half=1, one cycle, not two); the result is exact, verify accepts it, and the same
     binary with the flag cleared is refused by verify and by the emulator (the next ABC meets a
-    busy pair)."""
+    busy pair). A product of few rows (a decode step's) keeps full holds."""
+    from lpu.compiler.lower_mxm import HALF_MIN_ROWS
     mc = MachineConfig.load(machine)
-    K, N = mc.lanes * 12 // 5, mc.lanes
-    prog, g, vals, res = run_checked(f"input x : f16[16, {K}]\nweight w : f16[{K}, {N}]\noutput y = x @ w\n", mc)
+    K, N, R = mc.lanes * 12 // 5, mc.lanes, 2 * HALF_MIN_ROWS
+    prog, g, vals, res = run_checked(f"input x : f16[{R}, {K}]\nweight w : f16[{K}, {N}]\noutput y = x @ w\n", mc)
     e = _Expanded(prog)
-    assert sorted(e.args[e.op == O.ABC, 3].tolist()) == [0] * 32 + [1] * 16   # rows x K-tiles
+    assert sorted(e.args[e.op == O.ABC, 3].tolist()) == [0] * (2 * R) + [1] * R   # rows x K-tiles
     abc = np.flatnonzero(prog.op == O.ABC)
     half = prog.args[abc, 3]
-    assert res.counters["mxm"] == 2 * mc.f16_pair_cycles * (2 * 16) + 2 * mc.abc_cycles(True, True) * 16
+    assert res.counters["mxm"] == 2 * mc.f16_pair_cycles * (2 * R) + 2 * mc.abc_cycles(True, True) * R
     bad = prog.args.copy()
     bad[abc[half == 1], 3] = 0
     p2 = dataclasses.replace(prog, args=bad)
     assert any(v.kind == "unit-busy" for v in verify(p2))
     with pytest.raises(Exception, match="unit-busy|busy"):
         run(p2, vals)
+    few, *_ = run_checked(f"input x : f16[{HALF_MIN_ROWS}, {K}]\nweight w : f16[{K}, {N}]\noutput y = x @ w\n", mc)
+    assert not _Expanded(few).args[_Expanded(few).op == O.ABC, 3].any()
