@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
+from hypothesis import given, strategies as st
 
 from lpu import api
 from lpu.compiler.driver import compile_graph
-from lpu.compiler.repeat_core import find_runs
+from lpu.compiler.codegen import by_queue
+from lpu.compiler.repeat_core import _cycle_order, find_runs
 from lpu.compiler.verify import verify
 from lpu.emulator.run import run
 from lpu.isa import opcodes as O
@@ -35,6 +38,34 @@ def test_find_runs_needs_constant_distance_and_step_one():
     assert _runs([0, 1, 2, 3], [5, 6, 8, 9]) == ([0, 0, 0, 0], [0, 0, 0, 0])      # pairs at d=1: no gain
     assert _runs([0, 1, 2], [5, 6, 7], q=[0, 0, 1]) == ([0, 0, 0], [0, 0, 0])     # other queue
     assert _runs([0, 1, 2], [5, 6, 7], line=[1, 1, 2]) == ([0, 0, 0], [0, 0, 0])  # other DSL line
+
+
+def _part(cyc, q, tag):
+    n = len(cyc)
+    args = np.zeros((n, O.NARGS), np.int32)
+    args[:, 0] = tag
+    return [np.asarray(cyc, np.int64), np.asarray(q, np.int32), np.full(n, O.READ, np.int32), args,
+            np.asarray(tag, np.int32), np.zeros(n, np.int32)]
+
+
+def test_by_queue_sorts_each_queue_by_cycle_across_batches():
+    queues = [("a",), ("b",), ("c",)]
+    parts = [_part([5, 1, 9], [2, 0, 2], [0, 1, 2]), _part([3, 0, 7, 2], [0, 2, 2, 0], [3, 4, 5, 6])]
+    q, cyc, op, args, line, node = by_queue(parts, queues)
+    assert q.tolist() == [0, 0, 0, 2, 2, 2, 2] and cyc.tolist() == [1, 2, 3, 0, 5, 7, 9]
+    assert line.tolist() == [1, 6, 3, 4, 0, 5, 2] and args[:, 0].tolist() == line.tolist()   # rows move whole
+    assert parts == []                                                                   # batches freed
+
+
+def test_by_queue_refuses_a_queue_issuing_twice_in_a_cycle():
+    with pytest.raises(AssertionError, match="queue b issues twice in cycle 4"):
+        by_queue([_part([4, 1], [1, 0], [0, 0]), _part([4], [1], [0])], [("a",), ("b",)])
+
+
+@given(st.lists(st.integers(0, 1 << 40), min_size=1, max_size=300), st.integers(0, 3))
+def test_cycle_order_is_the_stable_sort(cycles, dups):
+    c = np.asarray(cycles + cycles[:dups], np.int64)        # ties keep their order
+    assert _cycle_order(c).tolist() == np.argsort(c, kind="stable").tolist()
 
 
 def test_repeated_program_runs_like_the_spelled_out_one(tsp):
