@@ -29,6 +29,10 @@ from lpu.isa.program import Symbol
 # Measured: a margin of 0 is faster still on tsp-v1 (gpt2_block_decode 2,234 against 2,308) but
 # slower on tiny (attention_decode 1,590 against 1,457); prefill programs (not near-placed)
 # were some faster, some slower (gpt2_block_prefill 4,875 -> 4,913).
+ZERO_COPIES = 4      # all-zero vectors (Lowerer.zero_vectors): a transposed install clearing a
+#                      buffer's stale rows reads one per row, and one vector's slices issue one
+#                      READ a cycle (llama_block_prefill's score products: 256 zero rows a head).
+#                      Measured: 1 -> 6,557, 2 -> 6,376, 4 (and 8, 16) -> 6,343 cycles
 NEAR_SHARE = 0.5
 NEAR_MARGIN = 4
 SCRATCH_LAG = 4      # depths a decode lane reduction's scratch is held (Lowerer.free_scratch;
@@ -195,9 +199,14 @@ class Lowerer:
 
     def zero_vector(self) -> int:
         """Base slot of a persistent all-zero vector (4 planes: any dtype reads its first w)."""
+        return self.zero_vectors()[0]
+
+    def zero_vectors(self) -> np.ndarray:
+        """Base slots of ZERO_COPIES persistent all-zero vectors on different slices, so that
+        many zero rows (a transposed install clearing stale weight rows) are read in parallel."""
         if self._zero is None:
-            grid = self.const_region("__zero", np.zeros((1, self.lanes), np.float32), "f32")
-            self._zero = int(grid.reshape(-1)[0])
+            grid = self.const_region("__zero", np.zeros((ZERO_COPIES, self.lanes), np.float32), "f32")
+            self._zero = np.asarray(grid.reshape(-1), np.int64)
         return self._zero
 
     def const_region(self, name, values: np.ndarray, dtype):

@@ -98,6 +98,18 @@ def _row_block(M, nchunks, nunits, hold, lw_cycles, acc_rows) -> int:
 HALF_MIN_ROWS = 16
 
 
+def _nearest_last_row(lw, units, last_row) -> int:
+    """The unit nearest the slices of a transposed operand's last row (a decode step's score
+    product: the cache row the step has just written; the older rows were in place long before).
+    Measured against the least-loaded unit, once the stale rows' zeros came from several slices:
+    llama_block_decode 2,126 -> 2,095, attention_decode 1,177 -> 1,127 (tiny 1,390 -> 1,377),
+    gpt2_small_decode 33,944 -> 33,202, gpt2_block_decode 2,098 either way; the sum of all rows'
+    distances instead: attention_decode 1,181; load + last row's distance: tiny 1,392."""
+    c, m = lw.ctx, lw.m
+    pos = c.slice_pos_a[np.asarray(last_row, np.int64) % c.nslices]
+    return min(units, key=lambda x: (int(np.abs(m.mxm_pos(x) - pos).max()), x))
+
+
 def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     c, m = lw.ctx, lw.m
     lanes = lw.lanes
@@ -108,7 +120,7 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     wb, bdt = (1, DTYPE_CODE["i8"]) if cvt else (w, dt)     # weight planes read per row
     ktiles = -(-K // lanes)
     nchunks = -(-N // lanes)
-    zero = lw.zero_vector() if trans else -1
+    zeros = lw.zero_vectors() if trans else None
     lw_cycles = lanes // m.lw_ports_per_plane
     rb = min(M, m.acc_rows)
     if n.id in lw.plan.alone and M * ktiles * hold >= SPLIT_WORK * lw_cycles:
@@ -123,6 +135,8 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     load = c.mxm_load
     for ji, (nt, m0) in enumerate(jobs):
         u = min(units, key=lambda x: (load.get(x, 0), x))
+        if trans and M <= HALF_MIN_ROWS:
+            u = _nearest_last_row(lw, units, bgrid[min(N, (nt + 1) * lanes) - 1])
         rows = range(m0, min(M, m0 + rb))
         # the balance counts every K-tile at the full hold (counting half tiles at theirs moved
         # gpt2_block_decode's heads to other pairs: 2,308 -> 2,334 cycles)
@@ -137,7 +151,7 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
             if trans:      # B = X.T with X [N, K]: buffer row r = X row nt*lanes + r, chunk kt;
                 #            rows past N must be zero (they become output lanes): zero the stale ones
                 nrows = min(lanes, N - nt * lanes)
-                srcs = np.concatenate([bgrid[nt * lanes:nt * lanes + nrows, kt], np.full(max(0, dirty - nrows), zero)])
+                srcs = np.concatenate([bgrid[nt * lanes:nt * lanes + nrows, kt], np.resize(zeros, max(0, dirty - nrows))])
                 c.lw_dirty[u] = nrows
             else:          # B [K, N]: buffer row r = B row kt*lanes + r, chunk nt; stale rows past K
                 #            meet zero activation lanes
