@@ -95,7 +95,9 @@ def _row_block(M, nchunks, nunits, hold, lw_cycles, acc_rows) -> int:
     return rb
 
 
-HALF_MIN_ROWS = 16
+FEW_ROWS = 16     # a product of at most this many rows (a decode step's) waits on its weight
+#                   installs, not on its ABCs: it keeps full holds and runs on the pair nearest
+#                   its newest operand row (a transposed operand's last row)
 
 
 def _nearest_last_row(lw, units, last_row) -> int:
@@ -127,15 +129,14 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
         rb = _row_block(M, nchunks, len(units), hold, lw_cycles, m.acc_rows)
     jobs = [(nt, m0) for m0 in range(0, M, rb) for nt in range(nchunks)]
     # a K-tile of at most lanes/2 rows takes half an f16 product (one [1x160]x[160x320] pass),
-    # where the products' rows are many enough for their hold to matter: a decode product of a
-    # few rows waits on its weight installs, and half holds there moved gpt2_small_decode's
-    # heads to other pairs (35,151 -> 35,328 cycles)
-    khalf = [int(pair and M > HALF_MIN_ROWS and K - kt * lanes <= lanes // 2) for kt in range(ktiles)]
+    # past FEW_ROWS rows (half holds in the decode heads' products moved gpt2_small_decode's
+    # heads to other pairs: 35,151 -> 35,328 cycles)
+    khalf = [int(pair and M > FEW_ROWS and K - kt * lanes <= lanes // 2) for kt in range(ktiles)]
     khold = [m.abc_cycles(pair, h != 0) for h in khalf]
     load = c.mxm_load
     for ji, (nt, m0) in enumerate(jobs):
         u = min(units, key=lambda x: (load.get(x, 0), x))
-        if trans and M <= HALF_MIN_ROWS:
+        if trans and M <= FEW_ROWS:
             u = _nearest_last_row(lw, units, bgrid[min(N, (nt + 1) * lanes) - 1])
         rows = range(m0, min(M, m0 + rb))
         # the balance counts every K-tile at the full hold (counting half tiles at theirs moved

@@ -47,7 +47,7 @@ def test_window_lane_plan_leaves_the_sum_in_each_of_the_rows_lanes(machine, widt
     lw = _LW(machine)
     lanes = lw.m.lanes
     if 2 * width > lanes + 1:
-        return
+        pytest.skip("a window plan needs 2 width <= lanes + 1")
     plan = lane_plan(lw, width, nrows, "f32", exact=True, window=True)
     offsets = np.zeros(1, np.int64)
     for shifts in plan:

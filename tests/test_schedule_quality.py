@@ -185,9 +185,9 @@ def test_a_short_last_k_tile_takes_half_abcs(machine):
     pair (ABC half=1, one cycle, not two); the result is exact, verify accepts it, and the same
     binary with the flag cleared is refused by verify and by the emulator (the next ABC meets a
     busy pair). A product of few rows (a decode step's) keeps full holds."""
-    from lpu.compiler.lower_mxm import HALF_MIN_ROWS
+    from lpu.compiler.lower_mxm import FEW_ROWS
     mc = MachineConfig.load(machine)
-    K, N, R = mc.lanes * 12 // 5, mc.lanes, 2 * HALF_MIN_ROWS
+    K, N, R = mc.lanes * 12 // 5, mc.lanes, 2 * FEW_ROWS
     prog, g, vals, res = run_checked(f"input x : f16[{R}, {K}]\nweight w : f16[{K}, {N}]\noutput y = x @ w\n", mc)
     e = _Expanded(prog)
     assert sorted(e.args[e.op == O.ABC, 3].tolist()) == [0] * (2 * R) + [1] * R   # rows x K-tiles
@@ -200,5 +200,5 @@ def test_a_short_last_k_tile_takes_half_abcs(machine):
     assert any(v.kind == "unit-busy" for v in verify(p2))
     with pytest.raises(Exception, match="unit-busy|busy"):
         run(p2, vals)
-    few, *_ = run_checked(f"input x : f16[{HALF_MIN_ROWS}, {K}]\nweight w : f16[{K}, {N}]\noutput y = x @ w\n", mc)
+    few, *_ = run_checked(f"input x : f16[{FEW_ROWS}, {K}]\nweight w : f16[{K}, {N}]\noutput y = x @ w\n", mc)
     assert not _Expanded(few).args[_Expanded(few).op == O.ABC, 3].any()
