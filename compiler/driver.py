@@ -29,6 +29,7 @@ class CompileStats:
     stage: str = ""            # the pass running now, and chains placed so far (for progress lines)
     placed: int = 0
     replayed: int = 0          # IR nodes lowered by replaying a loop trip's twin (compiler/replay.py)
+    placed_again: int = 0      # chains placed as their twin in the trip before, shifted (compiler/segments.py)
 
 
 def compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats | None = None,
@@ -68,12 +69,13 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
     stats.stage = "lower and schedule"
     if before is not None:
         before(sched, reg)
-    low = lower(graph, machine, sink, reg, hooks)
+    low = lower(graph, machine, sink, reg, hooks, sched.begin_segment)
     if after is not None:
         after(sched, reg, low)
     t1 = time.perf_counter() - placing[0]     # lowering's own time ends here
     nodes = [(n.op, n.line) for n in graph.nodes()]
     predicted = sched.predicted_cycles()
+    stats.placed_again = sched.placed_again
     placed = sched.take_placed()
     sched = None                               # its tables are not needed any more
     t2 = time.perf_counter()

@@ -215,7 +215,7 @@ class Lowerer:
         return grid
 
     # ---- the walk ------------------------------------------------------------------------------
-    def run(self, sink) -> Lowered:
+    def run(self, sink, segment=None) -> Lowered:
         """Lower every node in order, handing each node's chains to `sink` (the scheduler) as
         soon as they exist, so that only one node's chains are ever held in memory."""
         self.place_persistent()
@@ -227,9 +227,16 @@ class Lowerer:
                 free_after.setdefault(last, []).append(owner)
         depth = None
         carried = list(self.replayer.carried)
+        trip_of = {nid: (li, t) for li, trips in enumerate(g.loops) for t, (s, e) in enumerate(trips)
+                   for nid in range(s, e)} if segment is not None else {}
+        trip = None
         for nid in plan.order:
             n = g.node(nid)
             k = plan.kind[n.id]
+            t = trip_of.get(nid)
+            if t is not None and k in CHAINED and (trip is None or t[0] != trip[0] or t[1] > trip[1]):
+                trip = t
+                segment(*t)
             while carried and carried[0][0][0] <= nid < carried[0][0][1]:
                 self.hold_carried(carried.pop(0)[1])
             if plan.depth[nid] != depth:
@@ -332,5 +339,10 @@ def _region_size(shape, width, lanes, period) -> int:
     return int(np.prod(grid_shape(shape, lanes))) * width
 
 
-def lower(graph: IRGraph, machine, sink, reg: Registry, hooks=None) -> Lowered:
-    return Lowerer(graph, machine, reg, hooks).run(sink)
+CHAINED = ("temp", "part", "alias", "output")   # kinds of node that lower to chains
+
+
+def lower(graph: IRGraph, machine, sink, reg: Registry, hooks=None, segment=None) -> Lowered:
+    """segment(loop, trip): called before the first chain of each trip of a top-level loop
+    (the scheduler places a trip like the one before where it provably may, segments.py)."""
+    return Lowerer(graph, machine, reg, hooks).run(sink, segment)

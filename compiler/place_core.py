@@ -11,6 +11,7 @@ Arrays in, arrays out; the machine enters only through the arrays' shapes and th
   slot_w, slot_r  last cycle each SRAM plane slot was written / read (-1: never)
   markers         unit-state order markers (NONE: not set)
   hints           the anchor of the last chain placed with each hint key (NONE: none yet)
+  state           [last issue + latency, busy end, window rows lo, hi, stream keys lo, hi, stream end]
 
 While a chain is tried, its own reservations are marked 2 in the tables and taken back
 after the try, so that "busy" (1) and "taken by this chain" (2) stay apart: only the first
@@ -20,6 +21,14 @@ lets the search jump ahead to the next cycle at which that resource is free.
 needs cycle tables of at least `need` columns (the caller grows them and calls again from
 that chain: nothing of it was committed); WIDE when the chain needs more streams on one
 diagonal than there are; STUCK when no anchor was found within a million cycles.
+
+Per chain it gives its earliest anchor (out_e) and stream ids (out_sid), and widens the window
+of cells the searches looked at (state[2:6], rows and stream keys). With `again` set, the batch
+is one placed before (its twin's tw_e, tw_cycle, tw_queue, tw_sid) and the tables are known to
+equal the twin's shifted by `delta` over the twin's window (segments.py): each chain goes where
+its search would go, the twin's anchor + delta, with the twin's queues and streams, without the
+search, as long as its earliest anchor lies in [twin's earliest, twin's anchor] + delta; else
+`place` returns (FAR, chain, 0) and the caller searches from that chain on.
 """
 from __future__ import annotations
 
@@ -28,7 +37,7 @@ from numba import njit
 
 from lpu.compiler.chainspec import DIAG0
 
-OK, GROW, WIDE, STUCK = 0, 1, 2, 3
+OK, GROW, WIDE, STUCK, FAR = 0, 1, 2, 3, 4
 NONE = -(1 << 60)
 SEARCH = 1_000_000
 
@@ -66,6 +75,35 @@ def _earliest(i0, i1, floor, off, r_ptr, r_data, w_ptr, w_data, a_ptr, a_data, s
 
 
 @njit(cache=True)
+def earliest_of(c, ins_ptr, hint, hint_delta, off, r_ptr, r_data, w_ptr, w_data, a_ptr, a_data,
+                slot_w, slot_r, markers, hints):
+    """The earliest anchor chain c may have now (data, markers, its hint), as `place` finds it."""
+    floor = 0
+    h = hint[c]
+    if h >= 0 and hints[h] != NONE and hints[h] + hint_delta[c] > floor:
+        floor = hints[h] + hint_delta[c]
+    return _earliest(ins_ptr[c], ins_ptr[c + 1], floor, off, r_ptr, r_data, w_ptr, w_data, a_ptr, a_data,
+                     slot_w, slot_r, markers)
+
+
+@njit(cache=True)
+def rows_equal(now, a0, snap, s0, n):
+    """now[a0:a0+n] == snap[s0:s0+n], rows past the end of snap (or of now) counting as zero."""
+    both = max(0, min(n, now.shape[0] - a0, snap.shape[0] - s0))
+    for r in range(both):
+        for k in range(now.shape[1]):
+            if now[a0 + r, k] != snap[s0 + r, k]:
+                return False
+    for r in range(both, n):
+        for k in range(now.shape[1]):
+            x = now[a0 + r, k] if a0 + r < now.shape[0] else 0
+            y = snap[s0 + r, k] if s0 + r < snap.shape[0] else 0
+            if x != y:
+                return False
+    return True
+
+
+@njit(cache=True)
 def _has_run(used, w, nstreams):
     """Whether the streams not in the bitmask `used` include w consecutive ones."""
     free = ~used & ((1 << nstreams) - 1)
@@ -91,7 +129,8 @@ def _alone_fails(i, t, bank, qg, qg_ptr, qg_q, qbusy, bbusy):
 def place(c0, ins_ptr, grp_ptr, hint, hint_delta, g_dir, g_koff, g_w,
           qg, off, op, bank, args, p_ptr, p_data, r_ptr, r_data, w_ptr, w_data,
           a_ptr, a_data, m_ptr, m_data, e_ptr, e_data, qg_ptr, qg_q, lat, nstreams,
-          qbusy, bbusy, streams, slot_w, slot_r, markers, hints, out_cycle, out_queue, state):
+          qbusy, bbusy, streams, slot_w, slot_r, markers, hints, out_cycle, out_queue, out_e, out_sid, state,
+          again, delta, tw_e, tw_cycle, tw_queue, tw_sid):
     cap = qbusy.shape[0]
     scap = streams.shape[1]
     nch = len(ins_ptr) - 1
@@ -111,20 +150,20 @@ def place(c0, ins_ptr, grp_ptr, hint, hint_delta, g_dir, g_koff, g_w,
     smask = np.empty(gmax, np.int64)
     for c in range(c0, nch):
         i0, i1, g0, g1 = ins_ptr[c], ins_ptr[c + 1], grp_ptr[c], grp_ptr[c + 1]
-        for a in range(g0, g1):
+        for a in range(g0, g1 if not again else g0):
             need = 0
             for b in range(g0, g1):
                 if g_dir[b] == g_dir[a] and g_koff[b] == g_koff[a]:
                     need += g_w[b]
             if need > nstreams:
                 return WIDE, c, need
-        maxoff, minkoff, maxkoff = 0, 0, 0
+        maxoff, minoff, minkoff, maxkoff = 0, 0, 0, 0
         for i in range(i0, i1):
-            if off[i] > maxoff:
-                maxoff = off[i]
+            maxoff = max(maxoff, off[i])
+            minoff = min(minoff, off[i])
             for j in range(e_ptr[i], e_ptr[i + 1]):
-                if e_data[j, 1] > maxoff:
-                    maxoff = e_data[j, 1]
+                maxoff = max(maxoff, e_data[j, 1])
+                minoff = min(minoff, e_data[j, 1])
         for a in range(g0, g1):
             maxkoff = max(maxkoff, g_koff[a])
             minkoff = min(minkoff, g_koff[a])
@@ -133,9 +172,23 @@ def place(c0, ins_ptr, grp_ptr, hint, hint_delta, g_dir, g_koff, g_w,
         if h >= 0 and hints[h] != NONE and hints[h] + hint_delta[c] > floor:
             floor = hints[h] + hint_delta[c]
         T = _earliest(i0, i1, floor, off, r_ptr, r_data, w_ptr, w_data, a_ptr, a_data, slot_w, slot_r, markers)
+        E = T
         limit = T + SEARCH
         placed = False
-        while T < limit:
+        if again:        # the twin's anchor, queues and streams, where the search would find them
+            lo, A = tw_e[c] + delta, tw_cycle[i0] - off[i0] + delta
+            if E < lo or E > A:
+                return FAR, c, 0
+            E, T = lo, A
+            if T + maxoff >= cap or T + maxkoff + DIAG0 >= scap:
+                return GROW, c, T + max(maxoff, maxkoff + DIAG0) + 1
+            for i in range(i0, i1):
+                out_queue[i] = tw_queue[i]
+            for a in range(g0, g1):
+                sid[a - g0] = tw_sid[a]
+                smask[a - g0] = ((1 << g_w[a]) - 1) << tw_sid[a]
+            placed = True
+        while not placed and T < limit:
             # skip ahead while an instruction with one possible queue finds it busy
             moved = True
             while moved:
@@ -239,8 +292,17 @@ def place(c0, ins_ptr, grp_ptr, hint, hint_delta, g_dir, g_koff, g_w,
         if not placed:
             return STUCK, c, T
         # commit
+        # commit; the window of cells this chain's search looked at: anchors E..T
+        out_e[c] = E
         for a in range(g0, g1):
             streams[g_dir[a], T + g_koff[a] + DIAG0] |= smask[a - g0]
+            out_sid[a] = sid[a - g0]
+        state[1] = max(state[1], T + maxoff + 1)
+        state[2] = min(state[2], E + minoff)
+        state[3] = max(state[3], T + maxoff)
+        state[4] = min(state[4], E + minkoff + DIAG0)
+        state[5] = max(state[5], T + maxkoff + DIAG0)
+        state[6] = max(state[6], T + maxkoff + DIAG0 + 1)
         for i in range(i0, i1):
             t = T + off[i]
             qbusy[t, out_queue[i]] = 1

@@ -24,10 +24,12 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import place_core as P
+from lpu.compiler import segments as SG
 from lpu.compiler.chainspec import Chain, ChainArrays, Flat, Ins, Registry, Rows, encode  # noqa: F401  (Ins: the contract)
 from lpu.isa.opcodes import NARGS, OPS, latency_table
 
 BATCH = 1 << 15     # instructions buffered before a batch is placed
+_NO = np.zeros(0, np.int64)
 
 
 class Placed:
@@ -85,7 +87,10 @@ class Scheduler:
         self.slot_r = np.full(nslots, -1, np.int64)
         self.markers = np.full(0, P.NONE, np.int64)
         self.hints = np.full(0, P.NONE, np.int64)
-        self.state = np.full(1, -1, np.int64)     # [last issue + latency]
+        # [last issue + latency, busy end, this segment's window: rows lo, hi, stream keys lo, hi, stream end]
+        self.state = np.array([-1, 0, SG.BIG, -SG.BIG, SG.BIG, -SG.BIG, 0], np.int64)
+        self.seg: SG.Segment | None = None
+        self.placed_again = 0       # chains placed as their twin in the trip before, shifted
         self.pending: list = []
         self.npending = 0
         self.out = Placed()
@@ -115,6 +120,43 @@ class Scheduler:
         if run:
             self._place(encode(run, self.reg))
 
+    def begin_segment(self, loop: int, trip: int):
+        """The chains from here to the next call are trip `trip` of top-level loop `loop`
+        (segments.py: placed as the trip before, shifted, where that is provably the search's
+        result)."""
+        self.flush()
+        prev = self._close_segment()
+        twin = prev if prev is not None and (prev.loop, prev.trip) == (loop, trip - 1) else None
+        if twin is not None:
+            twin.twin = None
+        self.seg = SG.Segment(loop, trip, twin)
+        self.state[2:6] = (SG.BIG, -SG.BIG, SG.BIG, -SG.BIG)
+
+    def _close_segment(self):
+        seg, self.seg = self.seg, None
+        if seg is not None:
+            seg.window = tuple(int(x) for x in self.state[2:6])
+        return seg
+
+    def _start_segment(self, seg, a: ChainArrays):
+        """Before a segment's first batch: the shift from its twin, whether the tables match the
+        twin's, and a snapshot of them for the next trip."""
+        e0 = int(P.earliest_of(0, a.ins_ptr, a.hint, a.hint_delta, a.off, a.r_ptr, a.r_data, a.w_ptr, a.w_data,
+                               a.a_ptr, a.a_data, self.slot_w, self.slot_r, self.markers, self.hints)) \
+            if a.n_chains else 0
+        tw = seg.twin
+        if tw is not None and tw.batches and tw.batches[0][0].n_chains and tw.window[0] <= tw.window[1]:
+            seg.delta = e0 - int(tw.batches[0][1][0])
+            seg.again = SG.same_chains(a, tw.batches[0][0]) and SG.tables_match(self, tw, seg.delta)
+            lo, hi, klo, khi = tw.window
+            first, kfirst = lo + seg.delta - (hi - lo), klo + seg.delta - (khi - klo)
+        else:
+            seg.again = False
+            first, kfirst = e0 - SG.REACH, e0 - SG.REACH + P.DIAG0
+        if tw is not None:
+            tw.snap = None
+        seg.snap = SG.snapshot(self, first, kfirst)
+
     def _place(self, a: ChainArrays):
         self.markers = _grown(self.markers, len(self.reg.markers))
         self.hints = _grown(self.hints, len(self.reg.hints))
@@ -122,18 +164,36 @@ class Scheduler:
         n = a.n_ins
         out_cycle = np.zeros(n, np.int64)
         out_queue = np.zeros(n, np.int64)
+        out_e = np.zeros(a.n_chains, np.int64)
+        out_sid = np.zeros(len(a.g_dir), np.int64)
+        seg = self.seg
+        if seg is not None and not seg.batches:
+            self._start_segment(seg, a)
         c = 0
-        while True:
+        again, tw = False, None
+        if seg is not None and seg.again:
+            j = len(seg.batches)
+            tw = seg.twin.batches[j] if j < len(seg.twin.batches) else None
+            again = tw is not None and (j == 0 or SG.same_chains(a, tw[0]))
+            seg.again = again
+        _, tw_e, tw_cycle, tw_queue, tw_sid = tw if again else (None,) + (_NO,) * 4
+        searched_from = 0 if not again else a.n_chains
+        while c < a.n_chains:
             status, c, need = P.place(
                 c, a.ins_ptr, a.grp_ptr, a.hint, a.hint_delta, a.g_dir, a.g_koff, a.g_w,
                 a.qg, a.off, a.op, a.bank, a.args, a.p_ptr, a.p_data, a.r_ptr, a.r_data, a.w_ptr, a.w_data,
                 a.a_ptr, a.a_data, a.m_ptr, a.m_data, a.e_ptr, a.e_data, qg_ptr, qg_q, self.lat, self.nstreams,
                 self.qbusy, self.bbusy, self.streams, self.slot_w, self.slot_r, self.markers, self.hints,
-                out_cycle, out_queue, self.state)
+                out_cycle, out_queue, out_e, out_sid, self.state, again, seg.delta if again else 0,
+                tw_e, tw_cycle, tw_queue, tw_sid)
             if status == P.OK:
                 break
             if status == P.GROW:
                 self._grow(need)
+                continue
+            if status == P.FAR:          # from here on the segment is searched
+                again = seg.again = False
+                searched_from = c
                 continue
             line = int(a.line[c])
             names = [OPS[int(o)].name for o in a.op[a.ins_ptr[c]:a.ins_ptr[c + 1]]]
@@ -141,6 +201,9 @@ class Scheduler:
                 raise AssertionError(f"scheduler: a chain of DSL line {line} needs {need} streams on one "
                                      f"diagonal, the machine has {self.nstreams}")
             raise AssertionError(f"scheduler: no cycle found for a chain of DSL line {line} ({names})")
+        if seg is not None:
+            seg.batches.append((a, out_e, out_cycle, out_queue, out_sid))
+        self.placed_again += searched_from
         counts = np.diff(a.ins_ptr)
         self.out.add(out_cycle, out_queue, a.op, a.args, np.repeat(a.line, counts), np.repeat(a.node, counts))
 
@@ -155,6 +218,7 @@ class Scheduler:
         """Every placed instruction (`.take()` gives the arrays); the scheduler's tables are
         released (it cannot place more)."""
         self.flush()
+        self.seg = None
         self.qbusy = self.bbusy = self.streams = self.slot_w = self.slot_r = None
         out, self.out = self.out, Placed()
         return out
