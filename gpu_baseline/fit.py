@@ -58,10 +58,16 @@ def _search(cfg, params, loss_of, rounds: int = 6):
     return cfg
 
 
+def fit_cases(name: str, cases: list[dict]) -> list[dict]:
+    """The cases fit.py reads for one GPU: its fit set, less launch-overhead rows and the rows whose
+    own source contradicts them (field `exclude`)."""
+    return [c for c in cases if c["gpu"] == name and c["set"] == "fit" and not c.get("exclude")
+            and c["workload"].split(":")[0] not in validate.SKIPPED]
+
+
 def fit_gpu(name: str, cases: list[dict]):
     cfg = load_gpu(name)
-    mine = [c for c in cases if c["gpu"] == name and c["set"] == "fit"
-            and c["workload"].split(":")[0] not in validate.SKIPPED]
+    mine = fit_cases(name, cases)
     kern = [c for c in mine if c["timing"] == "kernel"]
     # host times come from published framework figures only: calibrate.py's end-to-end Llama is plain
     # PyTorch with unfused ops (about 30 kernels a layer), whose extra kernels no host time stands for

@@ -3,7 +3,9 @@ calibrate.py measured on a real GPU (data/calibration-*.toml). Per case the meas
 modelled value and the relative error; per GPU and per kind (prefill op, decode op, end to
 end, tensor-parallel decode) the median |error| of the fit and the held-out set apart, and the
 worst case; then issue 16's targets on the A100 and the H100, each miss named with the note its
-source row carries (data/make_validation.py NOTES), if any.
+source row carries (data/make_validation.py NOTES), if any. Rows whose own source contradicts them
+(field `exclude`, make_validation.py EXCLUDED and its Vidur envelope rule) enter no median and no
+target; they are listed last, each with its error and the reason.
 
     python -m lpu.gpu_baseline.validate [--cases] [FILE.toml ...]
 
@@ -41,6 +43,8 @@ def load_cases(path: str = DATA) -> list[dict]:
         missing = [k for k in CASE_FIELDS if k not in c]
         if missing:
             raise ConfigError(f"{path}: case {c.get('id', '?')!r} lacks {', '.join(missing)}")
+        if "exclude" in c and not (isinstance(c["exclude"], str) and c["exclude"].strip()):
+            raise ConfigError(f"{path}: case {c['id']!r}: 'exclude' must give the reason")
         c.setdefault("gpus", 1)
         c.setdefault("set", "held-out")
         c.setdefault("timing", "kernel" if c["metric"] == "kernel_us" else "e2e")
@@ -123,8 +127,13 @@ def validation_table(paths=None, gpus: dict | None = None) -> list[dict]:
             m = modelled(c, (gpus or {}).get(c["gpu"]))
             rows.append({"case": c["id"], "gpu": c["gpu"], "unit": c["unit"], "measured": c["measured"],
                          "modelled": m, "error": (m - c["measured"]) / c["measured"], "set": c["set"],
-                         "kind": kind_of(c), "note": c.get("note", "")})
+                         "kind": kind_of(c), "note": c.get("note", ""), "excluded": c.get("exclude", "")})
     return rows
+
+
+def included(rows: list[dict]) -> list[dict]:
+    """The rows every median, target and fit counts: all but those their source contradicts."""
+    return [r for r in rows if not r.get("excluded")]
 
 
 def median_abs_error(rows: list[dict]) -> float:
@@ -134,6 +143,7 @@ def median_abs_error(rows: list[dict]) -> float:
 def summary(rows: list[dict]) -> list[dict]:
     """Per GPU, set and kind (and 'all' kinds): count, median |error| and the worst case."""
     out = []
+    rows = included(rows)
     for gpu in sorted({r["gpu"] for r in rows}):
         for st in ("fit", "held-out"):
             for kind in ("all",) + KINDS:
@@ -156,7 +166,7 @@ def target_misses(rows: list[dict]) -> dict:
     beyond TP_DECODE (each row with its source note, if any)."""
     out = {}
     for gpu in TARGET_GPUS:
-        mine = [r for r in rows if r["gpu"] == gpu]
+        mine = [r for r in included(rows) if r["gpu"] == gpu]
         out[gpu] = {"held_out_median": median_abs_error([r for r in mine if r["set"] == "held-out"]),
                     "n": len(mine), "beyond_worst": [r for r in mine if abs(r["error"]) > WORST],
                     "tp": sum(r["kind"] == "TP decode" for r in mine),
@@ -174,6 +184,13 @@ def format_targets(rows: list[dict]) -> str:
                      f"TP decode beyond {100 * TP_DECODE:.0f}%: {len(t['tp_beyond'])} of {t['tp']}")
         for r in t["beyond_worst"] + [r for r in t["tp_beyond"] if r not in t["beyond_worst"]]:
             lines.append(f"  {100 * r['error']:+6.1f}%  {r['case']} ({r['set']})" + (f"\n           note: {r['note']}" if r["note"] else ""))
+    gone = [r for r in rows if r.get("excluded")]
+    if gone:
+        lines.append(f"excluded, in no median or target ({len(gone)}; the reason is the row's `exclude` field):")
+        for r in gone:
+            lines.append(f"  {100 * r['error']:+6.1f}%  {r['case']} ({r['gpu']}, {r['set']}; measured {r['measured']:g} "
+                         f"{r['unit']}, modelled {r['modelled']:.1f})\n           excluded: {r['excluded']}"
+                         + (f"\n           note: {r['note']}" if r["note"] else ""))
     return "\n".join(lines)
 
 
@@ -181,7 +198,8 @@ def format_table(rows: list[dict]) -> str:
     lines = [f"{'case':<44} {'gpu':<10} {'set':<8} {'measured':>10} {'modelled':>10} {'unit':<9} {'error':>7}"]
     for r in rows:
         lines.append(f"{r['case'][:44]:<44} {r['gpu']:<10} {r['set']:<8} {r['measured']:>10.1f} {r['modelled']:>10.1f} "
-                     f"{r['unit']:<9} {100 * r['error']:>+6.1f}%" + ("  (note)" if r.get("note") else ""))
+                     f"{r['unit']:<9} {100 * r['error']:>+6.1f}%" + ("  (note)" if r.get("note") else "")
+                     + ("  (excluded)" if r.get("excluded") else ""))
     return "\n".join(lines)
 
 
@@ -190,7 +208,8 @@ def format_summary(rows: list[dict]) -> str:
     for s in summary(rows):
         lines.append(f"{s['gpu']:<10} {s['set']:<8} {s['kind']:<11} {s['n']:>4} {100 * s['median']:>11.1f}% "
                      f"{100 * s['worst']:>+7.1f}%  {s['worst_case']}")
-    lines.append(f"all cases: {len(rows)}, median |error| {100 * median_abs_error(rows):.1f}%")
+    kept = included(rows)
+    lines.append(f"all cases: {len(kept)} (and {len(rows) - len(kept)} excluded), median |error| {100 * median_abs_error(kept):.1f}%")
     return "\n".join(lines)
 
 
