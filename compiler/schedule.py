@@ -72,12 +72,16 @@ class Placed:
 
 
 class Scheduler:
+    # cycles the resource tables start with: np.zeros maps them lazily (calloc), so rows the
+    # schedule never reaches cost no memory, and the tables seldom grow (each growth copies them)
+    CAP = 1 << 18
+
     def __init__(self, machine, reg: Registry | None = None):
         self.m = machine
         self.nstreams = machine.streams_per_direction
         self.lat = np.asarray(latency_table(machine), np.int64)
         self.reg = reg if reg is not None else Registry()
-        self.cap = 4096
+        self.cap = self.CAP
         nq = len(machine.queues)
         self.qbusy = np.zeros((self.cap, nq), np.uint8)
         self.bbusy = np.zeros((self.cap, machine.mem_slices * machine.banks_per_slice), np.uint8)

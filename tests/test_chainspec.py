@@ -86,12 +86,13 @@ def test_streams_per_diagonal_and_too_wide_chains(tiny):
 def test_tables_grow_with_the_schedule(tiny):
     s = Scheduler(tiny)
     q = tiny.sxm_queue(0, 0)
-    s.place(Chain([_ins(q, 0, mark=((("far",), 50_000),))], []))
-    s.place(Chain([_ins(q, 0, after=((("far",), 0),)), _ins(q, 70_000)], []))
-    assert s.predicted_cycles() == 120_000 + O.latency_table(tiny)[O.TPIN] + 1 + tiny.icu_skew
-    assert np.all(s.qbusy[[0, 50_000, 120_000], q] == 1) and s.qbusy.shape[0] > 120_000
+    far, end = s.cap - 20_000, s.cap + 50_000        # past the tables' first size
+    s.place(Chain([_ins(q, 0, mark=((("far",), far),))], []))
+    s.place(Chain([_ins(q, 0, after=((("far",), 0),)), _ins(q, end - far)], []))
+    assert s.predicted_cycles() == end + O.latency_table(tiny)[O.TPIN] + 1 + tiny.icu_skew
+    assert np.all(s.qbusy[[0, far, end], q] == 1) and s.qbusy.shape[0] > end
     cyc, _ = _placed(s)
-    assert cyc == [0, 50_000, 120_000]
+    assert cyc == [0, far, end]
 
 
 @pytest.mark.parametrize("w,cvt", [(1, 0), (2, 0), (1, 1)])
