@@ -291,17 +291,18 @@ def _shifted(a: ChainArrays, shifts, node: int, period: int):
         slots.append(s)
         delta.append(np.full(len(s), d, np.int64))
     slots, delta = np.concatenate(slots), np.concatenate(delta)
-    order = np.argsort(slots, kind="stable")
-    slots, delta = slots[order], delta[order]
-    same = slots[1:] == slots[:-1]
-    if np.any(same & (delta[1:] != delta[:-1])):
+    lo = int(slots.min()) if len(slots) else 0
+    table = np.zeros(int(slots.max()) - lo + 1 if len(slots) else 0, np.int64)     # slot - lo -> its shift
+    table[slots - lo] = delta
+    if np.any(table[slots - lo] != delta):        # a slot that would move by two amounts
         return None
 
     def moved(x):
         if not len(slots) or not len(x):
             return np.zeros(len(x), np.int64)
-        i = np.minimum(np.searchsorted(slots, x), len(slots) - 1)
-        return np.where(slots[i] == x, delta[i], 0)
+        i = x - lo
+        inside = (i >= 0) & (i < len(table))
+        return np.where(inside, table[np.where(inside, i, 0)], 0)
 
     n = a.n_ins
     addr = np.zeros(n, np.int64)
