@@ -283,6 +283,7 @@ def schedule_quality(b: Bench) -> list:
                         bound=bound, compile_s=round(c.seconds, 2)))
     except Exception as e:   # noqa: BLE001
         out.append(failed(sec, name, e, "<= 1.25"))
+    out += _axis_ratio(b)
     for path in sorted(f for f in os.listdir(PROGRAMS) if f.endswith(".lpu")):
         prog_name = path[:-4]
         params = {}
@@ -303,6 +304,19 @@ def schedule_quality(b: Bench) -> list:
         except Exception as e:   # noqa: BLE001
             out.append(failed(sec, label, e, "<= 1.3"))
     return out
+
+
+def _axis_ratio(b: Bench) -> list:
+    """Issue 13: a reduction over axis 0 against the same over axis 1 of one tensor (lanes hold
+    axis 1: axis 0 is an add between vectors, axis 1 a reduction across lanes)."""
+    sec, name = "schedule quality", "mean(x, axis=0) / mean(x, axis=1) cycles, f16[37,200]"
+    try:
+        c = {ax: b.compile_text(f"input x : f16[37, 200]\noutput y = mean(x, axis={ax})\n",
+                                f"<mean axis {ax}>").prog.predicted_cycles for ax in (0, 1)}
+        r = c[0] / c[1]
+        return [item(sec, name, round(r, 2), "x", "<= 1.5", r <= 1.5, axis0=int(c[0]), axis1=int(c[1]))]
+    except Exception as e:   # noqa: BLE001
+        return [failed(sec, name, e, "<= 1.5")]
 
 
 # ---- 4. memory and start-up -------------------------------------------------------------------
