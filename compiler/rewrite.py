@@ -161,6 +161,17 @@ def _splat_ok(g, n, lanes) -> bool:
     return lanes is not None and len(n.shape) == 2 and n.shape[-1] == 1
 
 
+def _trip_ordinals(g: IRGraph, nodes: set) -> dict:
+    """{node: key}: the k-th of `nodes` in each trip of a loop gets (loop, k), so that the trips'
+    constants for it are one node and the trips stay alike (replay.py); others their own id."""
+    out = {n: ("node", n) for n in nodes}
+    for li, trips in enumerate(g.loops):
+        for s, e in trips:
+            for k, n in enumerate(sorted(x for x in nodes if s <= x < e)):
+                out[n] = ("trip", li, k)
+    return out
+
+
 def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
     """The graph with every profitable score region computed transposed (g itself if none);
     with `lanes`, the lane sums of f16 rows are splats (see the module doc)."""
@@ -174,6 +185,7 @@ def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
     m: dict[int, int] = {}          # old id -> new id (region nodes: their transposed version)
     tcache: dict[int, int] = {}     # old id -> new id of its transpose
     masks: dict = {}                # (shape, offset, dtype) -> new ids of a causal mask's constants
+    sum_key = _trip_ordinals(g, sums)
 
     def add(op, inputs, shape, dtype, attrs, like):
         return new.add(op, inputs, shape, dtype, attrs, like.line, like.col)
@@ -258,8 +270,11 @@ def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
             x = g.node(n.inputs[0])
             wide = _splat_ok(g, n, lanes)
             shape = (n.shape[0], lanes) if wide else n.shape
-            ones = add("const", (), (x.shape[-1], shape[-1]), "f16",
-                       {"value": np.ones((x.shape[-1], shape[-1]), np.float16)}, n)
+            key = ("ones", x.shape[-1], shape[-1], sum_key[n.id])     # the k-th sum of each loop trip: one constant
+            if key not in masks:
+                masks[key] = add("const", (), (x.shape[-1], shape[-1]), "f16",
+                                 {"value": np.ones((x.shape[-1], shape[-1]), np.float16)}, n)
+            ones = masks[key]
             r = add("matmul", (m[x.id], ones), shape, "f32", {}, n)
             if n.op == "mean":
                 c = add("const", (), (), "f32", {"value": np.array(x.shape[-1], np.float32)}, n)
