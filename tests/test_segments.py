@@ -34,8 +34,8 @@ def test_trips_placed_again_give_the_searched_program(machine, monkeypatch):
     searched, plain = _compile(m, {"L": 6}, segments=False, monkeypatch=monkeypatch)
     assert plain.placed_again == 0
     assert _same(fast, searched)
-    if machine == "tsp-v1":      # its trips settle into one period: the later ones skip the search
-        assert stats.placed_again > 0
+    if machine == "tiny":        # its trips settle into one period: the later ones skip the search
+        assert stats.placed_again > stats.chains // 3
 
 
 def _batch(s, n, bank):
