@@ -54,8 +54,7 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
                    before=None, after=None, hooks=None) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
-    graph = decode_heads(heads_rope(split_joins(pack_heads(rewrite(graph, machine.lanes), machine.lanes), machine.lanes),
-                                    machine.lanes), machine.lanes)      # layout choices as graph rewrites
+    graph = rewritten(graph, machine)
     reg = Registry()
     sched = Scheduler(machine, reg)
     placing = [0.0]
@@ -88,6 +87,12 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
     stats.replayed = low.replayed
     stats.sram_peak_bytes = low.alloc.peak * machine.lanes
     return prog
+
+
+def rewritten(graph: IRGraph, machine: MachineConfig) -> IRGraph:
+    """The graph lowering sees: layout choices as graph rewrites."""
+    lanes = machine.lanes
+    return decode_heads(heads_rope(split_joins(pack_heads(rewrite(graph, lanes), lanes), lanes), lanes), lanes)
 
 
 def compile_source(text: str, name: str = "<string>", params=None, machine: MachineConfig | None = None,

@@ -40,6 +40,15 @@ def send_name(nid: int) -> str:
     return f"{LINK_PREFIX}{nid}>"
 
 
+RELAY_SUFFIX = "^"
+
+
+def relay_name(nid: int) -> str:
+    """The name of value `nid` where a chip relays part of it on a cut's second path
+    (compiler/system_pp.py): not an input of the stage's program, only a buffer."""
+    return f"{LINK_PREFIX}{nid}{RELAY_SUFFIX}"
+
+
 @dataclass
 class Stage:
     graph: IRGraph

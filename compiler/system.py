@@ -22,10 +22,10 @@ from dataclasses import dataclass, field, replace
 
 from lpu.compiler import partition as P
 from lpu.compiler.driver import CompileStats, compile_graph
-from lpu.compiler.links import FILL, persistent_layout, recv_chains, send_chains, send_cycles
+from lpu.compiler.links import FILL
+from lpu.compiler.system_pp import compile_stages
 from lpu.compiler.system_tp import compile_tp
 from lpu.isa.errors import CapacityError, LpuError
-from lpu.isa.program import Program
 from lpu.isa.system import MAX_CHIPS, SystemConfig
 
 
@@ -46,49 +46,6 @@ class SystemProgram:
     @property
     def n_instructions(self) -> int:
         return sum(p.n_instructions for p in self.chips)
-
-
-def compile_stages(system: SystemConfig, stages: list, stats: CompileStats | None = None) -> list[Program]:
-    """Each stage's program with its link transfers (stages from partition.split), in stage
-    order: a stage's receives are placed from the send cycles of the stages before it."""
-    m = system.machine
-    inbound = {}                 # (to stage, link on it) -> [(name, v, b, arrival, line)] in link order
-    progs = []
-    for s, st in enumerate(stages):
-        g = st.graph
-        line_of = lambda name, g=g: g.node(g.decls.get(name, g.outputs.get(name, 0))).line  # noqa: E731
-        sends = [(P.send_name(nid), system.link_between(s, to)[0], line_of(P.send_name(nid))) for nid, to in st.send]
-        log = {}
-        after = send_chains(system, sends, log) if sends else None
-        try:
-            if st.recv:
-                layout = persistent_layout(g, m)                                 # where the inputs live
-                recvs = [(link, items) for (to, link), items in sorted(inbound.items()) if to == s]
-                prog = compile_graph(g, m, stats, before=recv_chains(system, layout, recvs), after=after)
-                moved = [y.name for y in prog.symbols if y.name in layout and y != layout[y.name]]
-                if moved:
-                    raise AssertionError(f"chip {s}: the layout of {moved[0]} changed between two compilations")
-            else:
-                prog = compile_graph(g, m, stats, after=after)
-        except CapacityError as e:
-            raise CapacityError(f"chip {s} of {len(stages)}: {e}", **e.info) from None
-        for nid, to in st.send:
-            link, back = system.link_between(s, to)
-            if (to, back) in inbound:
-                continue
-            cycles = send_cycles(prog, link)
-            hop = system.hop_between(s, to)
-            inbound[(to, back)] = [(P.link_name(int(name[len(P.LINK_PREFIX):-1])), v, b, c + hop,
-                                    line_of(name)) for (name, v, b), c in zip(log[link], cycles)]
-        prog = replace(prog, symbols=[_as_link(y) if y.name.startswith(P.LINK_PREFIX) and y.kind == "input" else y
-                                      for y in prog.symbols])
-        prog.params = dict(g.params)
-        progs.append(prog)
-    return progs
-
-
-def _as_link(sym):
-    return replace(sym, kind="link")
 
 
 def compile_system(graph, system: SystemConfig, stats: CompileStats | None = None,

@@ -25,7 +25,8 @@ from lpu.compiler import partition as P
 from lpu.compiler.chains import ChainBuilder
 from lpu.compiler.chainspec import Ins
 from lpu.compiler.driver import CompileStats, compile_graph
-from lpu.compiler.links import FILL, persistent_layout, planes, recv_chains, send_chains, send_cycles, slot
+from lpu.compiler.links import FILL, persistent_layout, planes, recv_chains, send_chains, slot
+from lpu.isa.program import send_cycles
 from lpu.compiler.tensor_split import AR_PREFIX, TpError, ar_in, ar_out, split_graph
 from lpu.isa import opcodes as O
 from lpu.isa.errors import CapacityError, LpuError

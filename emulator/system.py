@@ -22,6 +22,7 @@ from lpu.emulator import cluster
 from lpu.emulator.c2c import H_LINK_UNREAD, ChipRun
 from lpu.emulator.run import HazardError
 from lpu.isa.errors import LpuError
+from lpu.isa.program import send_cycles
 
 LOADED = ("input", "weight", "state")
 
@@ -62,8 +63,10 @@ KEEP_BELOW = 20_000_000     # instructions in a group: above, a chip's emulator 
 
 def _receives(program) -> bool:
     """A chip that waits for another before it computes: it receives a pipeline stage's input
-    (a tensor-parallel rank's all-reduces, `@ar...`, come after its own work)."""
-    return any(y.kind == "link" and not y.name.startswith("@ar") for y in program.symbols)
+    (a tensor-parallel rank's all-reduces, `@ar...`, come after its own work; a relay's buffer,
+    `@<node>^`, may too: compiler/system_pp.py)."""
+    return any(y.kind == "link" and not y.name.startswith("@ar") and not y.name.endswith("^")
+               for y in program.symbols)
 
 
 def _share_prepared(p, running) -> None:
@@ -243,19 +246,40 @@ def _routes(system, chip: int) -> np.ndarray:
 NEVER = 1 << 62
 
 
-def _untils(paused: dict, waiting: list, first: dict, win: int, chips) -> dict:
+def _sends(sp) -> list:
+    """Per chip: {peer: (the cycles of its SENDs to that peer, sorted; the link's latency)}, from
+    its program alone (a chip has no stalls: an instruction issues at its static cycle)."""
+    system, out = sp.system, []
+    for c, p in enumerate(sp.chips):
+        d = {}
+        for link in range(system.machine.c2c_links):
+            peer = system.peer(c, link)
+            cycles = send_cycles(p, link) if peer >= 0 else []
+            if cycles:
+                d[peer] = (np.asarray(cycles, np.int64), system.hop_between(c, peer))
+        out.append(d)
+    return out
+
+
+def _untils(paused: dict, waiting: list, first: dict, win: int, chips, sends: list) -> dict:
     """The cycle each chip may run to (its first RECV at or after it waits): every vector that
-    arrives before it is delivered. Another chip paused at cycle r sends nothing before r, so
-    nothing from it arrives before r + win; a chip not started (it waits for its first vector:
-    Group) sends nothing before that vector arrives, at the earliest its pending delivery or
-    win after the earliest paused chip. Finished chips send nothing more. The same for any
-    grouping of the chips: every figure is the whole system's."""
+    arrives before it is delivered. Another chip paused at cycle r sends nothing before its
+    next SEND at or after r (its program's: `_sends`), which arrives a link's latency later; a
+    chip not started (it waits for its first vector: Group) sends nothing before that vector
+    arrives, at the earliest its pending delivery or win after the earliest paused chip.
+    Finished chips send nothing more. The same for any grouping of the chips: every figure is
+    the whole system's."""
     lo = min(paused.values(), default=NEVER - win)
-    bound = dict(paused)
+    at = dict(paused)
     for c in waiting:
-        bound[c] = min(first.get(c, NEVER), lo + win)
-    order = sorted(bound.items(), key=lambda kv: kv[1])[:2] + [(-1, NEVER - win)] * 2
-    return {c: min((order[1] if order[0][0] == c else order[0])[1] + win, NEVER) for c in chips}
+        at[c] = min(first.get(c, NEVER), lo + win)
+    until = dict.fromkeys(chips, NEVER)
+    for d, r in at.items():
+        for c, (cycles, hop) in sends[d].items():
+            k = int(np.searchsorted(cycles, r))
+            if k < len(cycles):
+                until[c] = min(until[c], int(cycles[k]) + hop)
+    return until
 
 
 def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
@@ -266,7 +290,8 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
             owner[c] = gi
     win = system.min_latency
     windows, everyone = 0, range(len(sp.chips))
-    until = dict.fromkeys(everyone, win)
+    sends = _sends(sp)
+    until = _untils(dict.fromkeys(everyone, 0), [], {}, win, everyone, sends)
     routes = [_routes(system, c) for c in everyone]
     pending = [[] for _ in groups]
     while True:
@@ -290,11 +315,13 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
                                    f"no chip of this {system.chips}-chip system")
                 for to in np.unique(peer):
                     sel = np.flatnonzero(peer == to)
+                    if int((cycles[sel] + hop[sel]).min()) < until[int(to)]:
+                        raise AssertionError(f"chip {c} sent to chip {int(to)} before the cycle its window assumed")
                     pending[owner[int(to)]].append((int(to), back[sel], cycles[sel] + hop[sel], payloads[sel]))
                     first[int(to)] = min(first.get(int(to), NEVER), int((cycles[sel] + hop[sel]).min()))
         if not paused and not any(pending):
             break
-        until = _untils(paused, waiting, first, win, everyone)
+        until = _untils(paused, waiting, first, win, everyone, sends)
     results = {}
     for g in groups:
         results.update(g.finish())

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lpu.isa.machine import MachineConfig
+from lpu.isa import opcodes as O
+from lpu.isa.machine import UNIT_ICU, MachineConfig
 from lpu.isa.opcodes import NARGS, dtype_width
 
 
@@ -120,3 +121,24 @@ def config_hash(machine: MachineConfig) -> str:
 def empty_columns(n: int):
     return (np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros((n, NARGS), np.int32),
             np.zeros(n, np.int32), np.full(n, -1, np.int32))
+
+
+def send_cycles(prog, link: int) -> list:
+    """Issue cycles of the SENDs on a link, from its C2C queue's instructions alone (a queue's
+    instructions are one run in the program; NOPs wait, REPEAT reissues the one before it)."""
+    idx = np.flatnonzero(prog.queue == prog.machine.c2c_queue(link))
+    if len(idx) == 0:
+        return []
+    assert idx[-1] - idx[0] + 1 == len(idx), "a queue's instructions are one run"
+    op, args = prog.op[idx].astype(np.int64), prog.args[idx].astype(np.int64)
+    icu = _ICU[op]
+    dur = np.where(op == O.NOP, args[:, 0], np.where(op == O.REPEAT, args[:, 0] * args[:, 1], np.where(icu, 0, 1)))
+    issue = np.cumsum(dur) - dur
+    out = [int(c) for c in issue[op == O.SEND]]
+    for r in np.flatnonzero((op == O.REPEAT)[1:]) + 1:
+        if op[r - 1] == O.SEND:
+            out += [int(issue[r - 1] + j * args[r, 1]) for j in range(1, int(args[r, 0]) + 1)]
+    return sorted(out)
+
+
+_ICU = np.array([s.unit == UNIT_ICU for s in O.OPS])

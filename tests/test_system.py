@@ -267,6 +267,44 @@ def test_across_nodes_through_a_relay():
     assert sp.chips[2].predicted_cycles > sp.chips[1].predicted_cycles + 650
 
 
+LAYERS = """
+param L = 4
+input  x : f16[192, 64]
+weight w : f16[L, 64, 64]
+h = x
+for l in 0..L {
+    h = f16(relu(h @ w[l]))
+}
+output y = h
+"""
+
+
+def test_a_long_cut_goes_over_every_path_of_the_node(small, monkeypatch):
+    """A cut of 1,536 vectors (192 rows x 4 chunks x 2 planes) goes a third on the direct link and
+    a third through each idle chip of the node (compiler/system_pp.py): a relay before its own
+    stage (chip 3 for the cut 1 -> 2) and after it (chip 0 for 1 -> 2 and 2 -> 3). Emulated ==
+    predicted, the links check, and the system is faster than with the one link."""
+    from lpu.compiler import system_pp
+    from lpu.compiler.verify_links import verify_links
+    g = elaborate_source(LAYERS, "layers.lpu", {})
+    system = SystemConfig.load("node", small, 4)
+    sp = compile_system(g, system)
+    relays = [sorted(y.name for y in p.symbols if y.name.endswith("^")) for p in sp.chips]
+    assert relays == [["@13^", "@9^"], ["@13^"], [], ["@9^"]]
+    assert all(y.kind == "link" for p in sp.chips for y in p.symbols if y.name.startswith("@") and y.kind != "output")
+    assert verify_links(system, sp.chips) == []
+    vals = random_values(g, 0)
+    r = run_system(sp, vals)
+    assert [c.cycles for c in r.chips] == [p.predicted_cycles for p in sp.chips]
+    assert api.check(g, sp.chips[0], vals, r)["ok"]
+    assert [c.counters["link_vectors_received"] for c in r.chips] == [1024, 1024, 1536, 2048]
+    assert r.windows <= 8               # a window ends at another chip's next SEND, not a hop after its pause
+    monkeypatch.setattr(system_pp, "RELAY_HOPS", 1 << 30)
+    one = compile_system(g, system)
+    assert all(not y.name.endswith("^") for p in one.chips for y in p.symbols)
+    assert sp.predicted_cycles < one.predicted_cycles - 1500     # two cuts of 3,072 cycles on one link
+
+
 def test_verify_checks_every_chip_and_link(mlp2):
     from lpu.compiler.verify_links import verify_links
     g, sp = mlp2
