@@ -16,6 +16,7 @@ from lpu.compiler.rewrite import rewrite
 from lpu.compiler.rewrite_pack import pack_heads, split_joins
 from lpu.compiler.rewrite_decode import decode_heads
 from lpu.compiler.rewrite_rope import heads_rope
+from lpu.compiler.rewrite_rows import row_groups
 from lpu.compiler.schedule import Scheduler
 from lpu.isa.machine import MachineConfig
 from lpu.isa.program import Program
@@ -53,7 +54,7 @@ def _compile_graph(graph: IRGraph, machine: MachineConfig, stats: CompileStats |
                    before=None, after=None, hooks=None) -> Program:
     stats = stats if stats is not None else CompileStats()
     t0 = time.perf_counter()
-    graph = decode_heads(heads_rope(split_joins(pack_heads(rewrite(graph, machine.lanes), machine.lanes), machine.lanes),
+    graph = decode_heads(heads_rope(split_joins(pack_heads(rewrite(row_groups(graph), machine.lanes), machine.lanes), machine.lanes),
                                     machine.lanes), machine.lanes)      # layout choices as graph rewrites
     reg = Registry()
     sched = Scheduler(machine, reg)
