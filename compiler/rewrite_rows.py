@@ -24,6 +24,7 @@ from lpu.compiler import ops
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.rewrite import copied, rebuilding, rebuilt
 
+DTYPES = ("f32",)   # of the reduced rows: f16 rows' sums are MXM products (rewrite.py), not lane trees
 GROUP = 64        # rows per group; regions of fewer than 2 groups' rows are left as they are
 
 
@@ -77,7 +78,7 @@ def _regions(g: IRGraph) -> list[set]:
     for n in g.nodes():
         if n.op == "mean" and n.id not in taken and _row_wise(n, n.shape[0] if n.shape else 0) \
                 and n.shape[0] >= 2 * GROUP and g.node(n.inputs[0]).shape[-1] > 1 \
-                and g.node(n.inputs[0]).dtype == "f32":
+                and g.node(n.inputs[0]).dtype in DTYPES:
             r = _region(g, n, taken)
             if r is not None:
                 taken |= r
