@@ -81,6 +81,9 @@ class Lowerer:
         self.rope_cache: dict = {}
         self.replayer = Replayer(self)
         self.deferred: list = []             # (depth, scratch region) freed SCRATCH_LAG depths later
+        self.in_rows = False                 # lowering a row group (compiler/rewrite_rows.py): its
+        self.row_held: list = []             # temporaries are held to the region's end, so that
+        #                                      the next group's take other slots (no WAR waits)
         self.depth = 0
         self.across_at_depth = None          # plan depth -> reductions across vectors there (lower_reduce)
         # hops from each MEM slice to the VXM, in a decode step (every matmul of one row): its
@@ -145,14 +148,17 @@ class Lowerer:
         return layout(start, shape, w, self.lanes, False), (start, n)
 
     def free_temp(self, region):
-        self.alloc.release(*region)
+        if self.in_rows:
+            self.row_held.append(region)
+        else:
+            self.alloc.release(*region)
 
     def free_scratch(self, region):
         """Free a lane reduction's scratch; in a decode step, only once the walk leaves the
         node's depth: the next head's reduction (a peer at that depth) would otherwise take the
         same slots and wait for this one's last read (the heads' reductions ran one after another)."""
         if self.near_vxm is None:
-            self.alloc.release(*region)
+            self.free_temp(region)
         else:
             self.deferred.append((self.depth, region))
 
@@ -247,6 +253,12 @@ class Lowerer:
                         self.alloc.release(*r)
                 self.deferred = keep
                 self.depth = depth
+            rows = "rows" in n.attrs
+            if not rows and self.in_rows and k in ("temp", "joined"):
+                for r in self.row_held:
+                    self.alloc.release(*r)
+                self.row_held = []
+            self.in_rows = rows or (self.in_rows and k not in ("temp", "joined"))
             try:
                 if k == "view":
                     self.grid[n.id] = self.view(n)
@@ -278,7 +290,7 @@ class Lowerer:
             self.chains = []
             for owner in free_after.get(n.id, ()):
                 if owner in self.regions:
-                    self.alloc.release(*self.regions.pop(owner))
+                    self.free_temp(self.regions.pop(owner))
         return Lowered(n_chains, self.symbols, self.ctx, self.alloc, self.replayer.replayed)
 
     def part_grid(self, n):

@@ -112,6 +112,24 @@ def _nearest_last_row(lw, units, last_row) -> int:
     return min(units, key=lambda x: (int(np.abs(m.mxm_pos(x) - pos).max()), x))
 
 
+def _arriving_rows(lw, a_id) -> int:
+    """Rows per group of a left operand computed group by group (compiler/rewrite_rows.py: a
+    layernorm's result, joined from its groups), else 0: its rows arrive a group at a time, and
+    a block of that many rows can start as soon as its group is done."""
+    g, plan = lw.g, lw.plan
+    b = g.node(plan.base.get(a_id, a_id))
+    if b.op != "concat" or plan.kind.get(b.id) != "joined" or b.attrs["axis"] not in (0, -2):
+        return None
+    parts = [g.node(i) for i in b.inputs]
+    if not all("rows" in p.attrs for p in parts):
+        return None
+    out, r0 = [], 0
+    for p in parts:
+        out.append((r0, r0 + p.shape[0]))
+        r0 += p.shape[0]
+    return out
+
+
 def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     c, m = lw.ctx, lw.m
     lanes = lw.lanes
@@ -127,18 +145,19 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     rb = min(M, m.acc_rows)
     if n.id in lw.plan.alone and M * ktiles * hold >= SPLIT_WORK * lw_cycles:
         rb = _row_block(M, nchunks, len(units), hold, lw_cycles, m.acc_rows)
-    jobs = [(nt, m0) for m0 in range(0, M, rb) for nt in range(nchunks)]
+    blocks = _arriving_rows(lw, n.inputs[0]) or [(m0, min(M, m0 + rb)) for m0 in range(0, M, rb)]
+    jobs = [(nt, b) for b in blocks for nt in range(nchunks)]
     # a K-tile of at most lanes/2 rows takes half an f16 product (one [1x160]x[160x320] pass),
     # past FEW_ROWS rows (half holds in the decode heads' products moved gpt2_small_decode's
     # heads to other pairs: 35,151 -> 35,328 cycles)
     khalf = [int(pair and M > FEW_ROWS and K - kt * lanes <= lanes // 2) for kt in range(ktiles)]
     khold = [m.abc_cycles(pair, h != 0) for h in khalf]
     load = c.mxm_load
-    for ji, (nt, m0) in enumerate(jobs):
+    for ji, (nt, (m0, m1)) in enumerate(jobs):
         u = min(units, key=lambda x: (load.get(x, 0), x))
         if trans and M <= FEW_ROWS:
             u = _nearest_last_row(lw, units, bgrid[min(N, (nt + 1) * lanes) - 1])
-        rows = range(m0, min(M, m0 + rb))
+        rows = range(m0, m1)
         # the balance counts every K-tile at the full hold (counting half tiles at theirs moved
         # gpt2_block_decode's heads to other pairs: 2,308 -> 2,334 cycles)
         work = ktiles * (len(rows) * hold + lanes // m.lw_ports_per_plane)

@@ -165,8 +165,10 @@ def level_order(graph: IRGraph, kind: dict) -> tuple[list[int], dict]:
     """A topological order by depth: every node after all nodes of smaller depth, so that
     independent work (the heads of an attention, say) is lowered side by side and its chains
     interleave on the units instead of queueing behind each other in program order. A store
-    also waits for every read of the state version it replaces (through views too). Returns the
-    order and each node's depth."""
+    also waits for every read of the state version it replaces (through views too), and a node
+    of row group g (attribute `rows`, compiler/rewrite_rows.py) comes after every node of group
+    g - 1 of its region (the groups' nodes are consecutive in the graph). Returns the order and
+    each node's depth."""
     nodes = graph.nodes()
     preds = {n.id: list(n.inputs) for n in nodes}
     for n in nodes:
@@ -181,8 +183,17 @@ def level_order(graph: IRGraph, kind: dict) -> tuple[list[int], dict]:
                             todo.append(u)
             preds[n.id] += readers
     depth = {}
+    deepest: dict[int, int] = {}       # row group -> its deepest node so far (this region's)
     for n in nodes:
         depth[n.id] = 1 + max((depth[p] for p in preds[n.id]), default=-1)
+        g = n.attrs.get("rows")
+        if g is None:
+            continue
+        if g == 0 and max(deepest, default=0) > 0:      # a new region (compiler/rewrite_rows.py)
+            deepest = {}
+        if g > 0 and g - 1 in deepest:                  # after every node of the group before
+            depth[n.id] = max(depth[n.id], deepest[g - 1] + 1)
+        deepest[g] = max(deepest.get(g, -1), depth[n.id])
     return sorted(depth, key=lambda i: (depth[i], i)), depth
 
 

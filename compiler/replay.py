@@ -54,7 +54,8 @@ def periodic_leaves(graph, plan) -> set:
 
 
 class Record:
-    __slots__ = ("log", "arrays", "dirty_before", "dirty_after", "sxm_flip", "load_delta", "out_region", "deferred")
+    __slots__ = ("log", "arrays", "dirty_before", "dirty_after", "sxm_flip", "load_delta", "out_region", "deferred",
+                 "row_held")
 
 
 class Replayer:
@@ -92,7 +93,7 @@ class Replayer:
                     continue
                 for i, j in zip(mine, theirs):
                     o, p = plan.base.get(i, i), plan.base.get(j, j)
-                    if s0 <= o < e0 and p < s0 and plan.kind.get(o) == "temp":
+                    if s0 <= o < e0 and p < s0 and plan.kind.get(o) in ("temp", "joined"):
                         pairs.setdefault(o, p)
             if pairs:
                 out.append(((s0, e0), sorted(pairs.items())))
@@ -110,6 +111,7 @@ class Replayer:
         r.sxm_flip = c.sxm_turn
         r.load_delta = dict(c.mxm_load)
         r.deferred = len(lw.deferred)
+        r.row_held = len(lw.row_held)
         lw.alloc.log = r.log
         return r
 
@@ -126,6 +128,7 @@ class Replayer:
         r.load_delta = {u: v - r.load_delta.get(u, 0) for u, v in c.mxm_load.items()}
         r.out_region = None if aliased or not r.log else (r.log[0][2], r.log[0][1])
         r.deferred = [region for _, region in lw.deferred[r.deferred:]]   # scratch freed later (free_scratch)
+        r.row_held = lw.row_held[r.row_held:]          # temporaries held to a row region's end
         r.arrays = _arrays([_rows(lw.chains, lw.ctx.reg)])
         lw.chains = [_own(r.arrays)]
         self.rec[n.id] = r
@@ -157,6 +160,7 @@ class Replayer:
         for u, v in r.load_delta.items():
             c.mxm_load[u] = c.mxm_load.get(u, 0) + v
         lw.deferred += [(lw.depth, region) for region in r.deferred]
+        lw.row_held += r.row_held
         lw.grid[n.id] = lw.grid[t]
         if r.out_region is not None:
             lw.regions[n.id] = r.out_region

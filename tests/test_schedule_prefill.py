@@ -307,3 +307,33 @@ def test_exact_lane_plan_rotations_bring_every_lane_to_every_lane_once(machine):
         for shifts in plan:
             offsets = (offsets[:, None] + np.asarray([0] + shifts)[None, :]).reshape(-1)
         assert np.array_equal(np.sort(offsets % lanes), np.arange(lanes)), plan
+
+
+# a layernorm of f32 rows (lane trees of rotations and shifts through the SXM) feeding a matmul
+NORM = """param S = 128
+param D = 768
+input x : f16[S, D]
+input a : f32[S, D]
+weight g : f32[D]
+weight b : f32[D]
+weight w : f16[D, 4 * D]
+output y = f16(f16(layernorm(x + a, g, b)) @ w)
+"""
+
+
+def test_a_layernorm_runs_in_row_groups_and_the_matmul_starts_on_the_first(monkeypatch):
+    """Group by group (compiler/rewrite_rows.py), the first rows are normalized while the later
+    groups' lane trees run, and the matmul multiplies them (in row blocks matching the groups)
+    instead of waiting for every row: the same results, fewer cycles."""
+    from lpu.compiler import rewrite_rows
+    m = MachineConfig.load("tsp-v1")
+    g = elaborate_source(NORM, "norm.lpu", {})
+    split = rewrite_rows.row_groups(g)
+    groups = sorted({n.attrs["rows"] for n in split.nodes() if "rows" in n.attrs})
+    assert groups == list(range(128 // rewrite_rows.GROUP))
+    assert sum(1 for n in split.nodes() if n.op == "mean") == 2 * len(groups)
+    prog, g, _, _ = run_checked(NORM, m, 5, "norm.lpu")
+    monkeypatch.setattr(rewrite_rows, "GROUP", 1 << 20)        # (no region has two groups' rows)
+    whole = compile_graph(g, m, repeat=False)
+    assert rewrite_rows.row_groups(g) is g
+    assert prog.predicted_cycles < whole.predicted_cycles
