@@ -88,6 +88,12 @@ class Lowerer:
         decode = all(int(np.prod(graph.node(n.inputs[0]).shape[:-1])) == 1 for n in graph.nodes()
                      if n.op == "matmul" and "heads" not in n.attrs)     # (a decode step's heads as rows)
         self.near_vxm = [abs(machine.slice_pos(s) - machine.vxm_pos) for s in range(machine.mem_slices)] if decode else None
+        far = 2 * machine.n_positions            # (the other hemisphere's slices: never nearer)
+        self.near_side = [[d + (far if machine.slice_hemisphere(s) != h else 0) for s, d in enumerate(self.near_vxm)]
+                          for h in range(2)] if decode else None
+        # the hemisphere whose SXM the next decode row reduction uses (lower_reduce): the heads'
+        # rows alternate, east first (west first: attention_decode 1,067 against 1,048 cycles)
+        self.sxm_turn = 1
 
     # ---- storage -----------------------------------------------------------------------------
     def new_region(self, shape, dtype, what, chunk_major=False, owner=None, fresh=False, period=0):
@@ -134,12 +140,14 @@ class Lowerer:
             if start is not None:
                 self.held[o] = (start, n)
 
-    def temp(self, shape, dtype):
-        """A scratch region for lowering; free it with `free_temp`."""
+    def temp(self, shape, dtype, hemisphere=None):
+        """A scratch region for lowering; free it with `free_temp`. In a decode step, near the
+        VXM, on the given hemisphere's side if one is given (the SXM its lane steps use)."""
         w = dtype_width(dtype)
         n = int(np.prod(grid_shape(shape, self.lanes))) * w
         if self.near_vxm is not None and n <= self.m.mem_slices * NEAR_SHARE:     # (as new_region's)
-            start = self.alloc.alloc_near(n, self.near_vxm, NEAR_MARGIN, "a temporary")
+            cost = self.near_vxm if hemisphere is None else self.near_side[hemisphere]
+            start = self.alloc.alloc_near(n, cost, NEAR_MARGIN, "a temporary")
         else:
             start = self.alloc.alloc(n, "a temporary")
         return layout(start, shape, w, self.lanes, False), (start, n)

@@ -226,10 +226,14 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
     chunks = src.shape[-1]
     lead_shape = src.shape[:-1]
     nrows = int(np.prod(lead_shape, dtype=np.int64))
-    t1, r1 = lw.temp((nrows, 2 * lanes), cdt)       # two scratch vectors per row: rows pipeline
-    t1 = t1.reshape(lead_shape + (2,))
     width = min(c, lanes)
     window = wide and bool(n.attrs.get("window")) and chunks == 1 and 2 * width <= lanes + 1
+    side = None
+    if window and lw.near_side is not None:   # decode heads' rows: the two SXMs in turn (scratch
+        side, lw.sxm_turn = lw.sxm_turn, lw.sxm_turn ^ 1     # near the VXM on that side; first fit
+        #   had put 60 of attention_decode's 88 rotations on one SXM: 1,054 -> 1,048 cycles)
+    t1, r1 = lw.temp((nrows, 2 * lanes), cdt, side)   # two scratch vectors per row: rows pipeline
+    t1 = t1.reshape(lead_shape + (2,))
     plan = lane_plan(lw, width, nrows * _peers(lw, n), cdt, exact=wide, window=window)
     steps = len(plan)
     # lanes past the row's end reach lane 0 only if the plan's shifts add up past it
