@@ -30,15 +30,19 @@ their lanes by the concat (another trip). Here:
   gpt2_block_decode 2,128 -> 2,098, attention_decode 1,263 -> 1,210, gpt2_small_decode 36,692
   -> 35,151 (the splat over all the lanes, radices multiplying to 320: llama 2,177, gpt2 block
   2,116).
-- the sum of such an f32 row (softmax's sum of exp) goes through the MXM instead, as two f16
-  rows: hi = f16(e), lo = f16(e - hi), each @ ones[w, lanes] (the products with 1.0 exact, each
-  sum rounded to f32 once, then added; e kept to about 22 bits, or 2^-24 absolutely where lo is
-  subnormal, against a sum of at least 1, e's largest being 1), the sum in every lane: one trip to the MXM, which is 2 trips to the SXM and back as a lane
-  tree. Measured: llama_block_decode 2,095 -> 2,001 cycles, gpt2_block_decode 2,098 -> 2,041,
-  attention_decode 1,127 -> 1,054, gpt2_small_decode 33,202 -> 33,064.
   Measured: llama_block_decode 2,520 -> 2,224 cycles, gpt2_block_decode 2,308 -> 2,128,
   gpt2_small_decode 37,820 -> 36,692 (one head per score and output product, the
   installs as many as before: 2,459, 2,158 and, L=2, 6,765 against 6,721).
+- the sum of such an f32 row (softmax's sum of exp) goes through the MXM instead: hi = f16(e)
+  and lo = f16(e - hi) as the two rows of one product with ones[w, lanes] (joined in place: one
+  install), their sums added (the products with 1.0 exact, each sum rounded to f32 once; e kept
+  to about 22 bits, or 2^-24 absolutely where lo is subnormal, against a sum of at least 1, e's
+  largest being 1), the sum in every lane: one trip to the MXM where a lane tree takes 2 trips
+  to the SXM and back. Measured: llama_block_decode 2,095 -> 2,001 -> 1,950 cycles (hi and lo
+  as two products, then as one; the heads' max trees alternating between the SXMs in between,
+  lower_reduce: 1,967), gpt2_block_decode 2,098 -> 2,041 -> 2,001, attention_decode 1,127 ->
+  1,054 -> 1,035, gpt2_small_decode 33,202 -> 33,064 -> 31,948. All the heads of a chunk as
+  the rows of one such product (2 h rows): llama 1,988-2,003.
 
 Only for single-row products (decode) of 2-D operands whose head slices do not straddle chunks.
 The stacked products carry attr `heads` (lower.py still treats the step as decode).
@@ -252,10 +256,13 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
             ones = once(("ones", w), lambda: new.add("const", (), (w, lanes), "f16",
                                                       {"value": np.ones((w, lanes), np.float16)}, n.line, n.col))
             hi = new.add("cast", (x,), xn.shape, "f16", {"to": "f16"}, n.line, n.col)
-            lo = new.add("cast", (new.add("sub", (x, hi), xn.shape, "f32", {}, n.line, n.col),), xn.shape, "f16",
+            hi2 = new.add("cast", (x,), xn.shape, "f16", {"to": "f16"}, n.line, n.col)   # (hi: the join's alone)
+            lo = new.add("cast", (new.add("sub", (x, hi2), xn.shape, "f32", {}, n.line, n.col),), xn.shape, "f16",
                          {"to": "f16"}, n.line, n.col)
-            a = new.add("matmul", (hi, ones), (1, lanes), "f32", {}, n.line, n.col)
-            b = new.add("matmul", (lo, ones), (1, lanes), "f32", {}, n.line, n.col)
+            hl = new.add("concat", (hi, lo), (2, w), "f16", {"axis": 0}, n.line, n.col)
+            y = new.add("matmul", (hl, ones), (2, lanes), "f32", {"heads": 2}, n.line, n.col)   # (a decode step's)
+            a = new.add("slice", (y,), (1, lanes), "f32", {"index": ((0, 1), (0, lanes))}, n.line, n.col)
+            b = new.add("slice", (y,), (1, lanes), "f32", {"index": ((1, 2), (0, lanes))}, n.line, n.col)
             wide = new.add("add", (a, b), (1, lanes), "f32", {}, n.line, n.col)
             if n.dtype != "f32":
                 wide = new.add("cast", (wide,), (1, lanes), n.dtype, {"to": n.dtype}, n.line, n.col)
