@@ -86,14 +86,12 @@ class Lowerer:
         # hops from each MEM slice to the VXM, in a decode step (every matmul of one row): its
         # small temporaries go where their trips are short (None: first fit)
         decode = all(int(np.prod(graph.node(n.inputs[0]).shape[:-1])) == 1 for n in graph.nodes()
-                     if n.op == "matmul" and "heads" not in n.attrs)     # (a decode step's heads as rows)
+                     if n.op == "matmul" and "heads" not in n.attrs and "hilo" not in n.attrs)   # (rewrite_decode's rows)
         self.near_vxm = [abs(machine.slice_pos(s) - machine.vxm_pos) for s in range(machine.mem_slices)] if decode else None
         far = 2 * machine.n_positions            # (the other hemisphere's slices: never nearer)
         self.near_side = [[d + (far if machine.slice_hemisphere(s) != h else 0) for s, d in enumerate(self.near_vxm)]
                           for h in range(2)] if decode else None
-        # the hemisphere whose SXM the next decode row reduction uses (lower_reduce): the heads'
-        # rows alternate, east first (west first: attention_decode 1,067 against 1,048 cycles)
-        self.sxm_turn = 1
+        self.sxm_rows = [0, 0]                   # decode heads' row reductions on each SXM (lower_reduce)
 
     # ---- storage -----------------------------------------------------------------------------
     def new_region(self, shape, dtype, what, chunk_major=False, owner=None, fresh=False, period=0):

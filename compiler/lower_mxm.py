@@ -152,8 +152,12 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
             if trans:      # B = X.T with X [N, K]: buffer row r = X row nt*lanes + r, chunk kt;
                 #            rows past N must be zero (they become output lanes): zero the stale ones
                 nrows = min(lanes, N - nt * lanes)
-                srcs = np.concatenate([bgrid[nt * lanes:nt * lanes + nrows, kt], np.resize(zeros, max(0, dirty - nrows))])
-                c.lw_dirty[u] = nrows
+                if n.attrs.get("fill"):
+                    srcs = bgrid[nt * lanes + np.arange(lanes) % nrows, kt]
+                    c.lw_dirty[u] = lanes
+                else:
+                    srcs = np.concatenate([bgrid[nt * lanes:nt * lanes + nrows, kt], np.resize(zeros, max(0, dirty - nrows))])
+                    c.lw_dirty[u] = nrows
             else:          # B [K, N]: buffer row r = B row kt*lanes + r, chunk nt; stale rows past K
                 #            meet zero activation lanes
                 nrows = min(lanes, K - kt * lanes)

@@ -33,6 +33,14 @@ their lanes by the concat (another trip). Here:
   Measured: llama_block_decode 2,520 -> 2,224 cycles, gpt2_block_decode 2,308 -> 2,128,
   gpt2_small_decode 37,820 -> 36,692 (one head per score and output product, the
   installs as many as before: 2,459, 2,158 and, L=2, 6,765 against 6,721).
+- a power-of-two score scale (1 / sqrt(64)) is folded into the queries' masks (_scale), and
+  then the score product fills the lanes past each row's end with the row's own scores (attr
+  `fill`: the transposed install's buffer rows past N repeat the cache rows, where they were
+  zeros), so the max's lane tree, which sees lanes past the row, needs no MASK to -inf first
+  (attr `filled`): the max rotates the product's row itself, two VXM chains (the scale, the
+  mask) fewer on every head's path. Measured, with the rows' SXMs chosen by lower_reduce._side:
+  llama_block_decode 1,950 -> 1,917, gpt2_block_decode 2,001 -> 1,977, gpt2_small_decode
+  31,948 -> 31,390 (the fold alone: llama 1,928, gpt2_block 2,038).
 - the sum of such an f32 row (softmax's sum of exp) goes through the MXM instead: hi = f16(e)
   and lo = f16(e - hi) as the two rows of one product with ones[w, lanes] (joined in place: one
   install), their sums added (the products with 1.0 exact, each sum rounded to f32 once; e kept
@@ -45,9 +53,12 @@ their lanes by the concat (another trip). Here:
   the rows of one such product (2 h rows): llama 1,988-2,003.
 
 Only for single-row products (decode) of 2-D operands whose head slices do not straddle chunks.
-The stacked products carry attr `heads` (lower.py still treats the step as decode).
+The stacked products carry attr `heads`, the sums' products attr `hilo` (lower.py still treats
+the step as decode).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -219,6 +230,29 @@ def _stackable(g: IRGraph, scores: dict, heads: list):
     return chains
 
 
+def _scale(g: IRGraph, sid) -> float | None:
+    """c where a head's scores (sid) are used only as scores * c, c a power of two: folded into
+    the queries' masks, exactly as rewrite_pack's fold (an f16 query times a power of two,
+    barring underflow, and the f32 sums of products scaled by one round the same). (Another c
+    as rewrite_pack's late scale, c * (s - max(s)), was slower: attention_decode 1,035 ->
+    1,046.)"""
+    us = g.users(sid)
+    if len(us) != 1:
+        return None
+    x = g.node(us[0])
+    other = [i for i in x.inputs if i != sid]
+    if x.op != "mul" or len(other) != 1 or g.node(other[0]).op != "const" or g.node(other[0]).shape != ():
+        return None
+    v = float(np.asarray(g.node(other[0]).attrs["value"]))
+    return v if v > 0 and math.frexp(v)[0] == 0.5 and 2.0 ** -8 <= v <= 1 else None
+
+
+def _fillable(g: IRGraph, nid) -> bool:
+    """nid's users read only its row's own lanes (elementwise ops) or take its max (whose lane
+    tree may see lanes past the row: the score product fills them with the row's own scores)."""
+    return all(g.node(u).op in ops.ELEMENTWISE or g.node(u).op == "max" for u in g.users(nid))
+
+
 def _row_splat(g: IRGraph, n, lanes: int) -> bool:
     """A max or sum over a head's score row whose users are elementwise ops on that row: a lane
     tree of rotations that leaves the result in each of the row's own lanes (lower_reduce's
@@ -260,14 +294,16 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
             lo = new.add("cast", (new.add("sub", (x, hi2), xn.shape, "f32", {}, n.line, n.col),), xn.shape, "f16",
                          {"to": "f16"}, n.line, n.col)
             hl = new.add("concat", (hi, lo), (2, w), "f16", {"axis": 0}, n.line, n.col)
-            y = new.add("matmul", (hl, ones), (2, lanes), "f32", {"heads": 2}, n.line, n.col)   # (a decode step's)
+            y = new.add("matmul", (hl, ones), (2, lanes), "f32", {"hilo": True}, n.line, n.col)
             a = new.add("slice", (y,), (1, lanes), "f32", {"index": ((0, 1), (0, lanes))}, n.line, n.col)
             b = new.add("slice", (y,), (1, lanes), "f32", {"index": ((1, 2), (0, lanes))}, n.line, n.col)
             wide = new.add("add", (a, b), (1, lanes), "f32", {}, n.line, n.col)
             if n.dtype != "f32":
                 wide = new.add("cast", (wide,), (1, lanes), n.dtype, {"to": n.dtype}, n.line, n.col)
             return new.add("slice", (wide,), (1, 1), n.dtype, {"index": ((0, 1), (0, 1)), "splat": True}, n.line, n.col)
-        wide = new.add(n.op, (x,), (1, lanes), n.dtype, {**n.attrs, "splat": True, "window": True}, n.line, n.col)
+        filled = {"filled": True} if n.op == "max" and x in rows_of_filled else {}
+        wide = new.add(n.op, (x,), (1, lanes), n.dtype, {**n.attrs, "splat": True, "window": True, **filled},
+                       n.line, n.col)
         return new.add("slice", (wide,), (1, 1), n.dtype, {"index": ((0, 1), (0, 1)), "splat": True}, n.line, n.col)
 
     def query(q, rope, n):
@@ -278,11 +314,11 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
         return once(("rope", q, rope), lambda: new.add(
             "rope", (m[q],), qn.shape, qn.dtype, {"pos": pos, "theta": theta, "hd": hd}, n.line, n.col))
 
-    def masks(h, width, spans, dtype, n):
+    def masks(h, width, spans, dtype, n, one=1.0):
         v = np.zeros((h, width), NP_DTYPE[dtype])
         for r, (a, b) in enumerate(spans):
-            v[r, a:b] = 1
-        return once(("masks", width, tuple(spans), dtype),
+            v[r, a:b] = one
+        return once(("masks", width, tuple(spans), dtype, one),
                     lambda: new.add("const", (), (h, width), dtype, {"value": v}, n.line, n.col))
 
     def stacked(n, lo, hi, heads, chains):
@@ -292,17 +328,25 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
         qn, s0 = g.node(q), g.node(chains[0][0])
         spans = [(c0 - lo, c1 - lo) for *_, c0, c1 in heads]
         qc = new.add("slice", (query(q, rope, s0),), (1, w), qn.dtype, {"index": ((0, 1), (lo, hi))}, s0.line, s0.col)
-        qm = new.add("mul", (qc, masks(h, w, spans, qn.dtype, s0)), (h, w), qn.dtype, {}, s0.line, s0.col)
+        fold = _scale(g, chains[0][0])
+        qm = new.add("mul", (qc, masks(h, w, spans, qn.dtype, s0, fold or 1.0)), (h, w), qn.dtype, {}, s0.line, s0.col)
         nk = s0.shape[1]
         kt = new.add("transpose", (chunk_of(k, rows, nk, lo, hi, s0),), (w, nk), g.node(k).dtype, {"perm": (1, 0)},
                      s0.line, s0.col)
-        sc = new.add("matmul", (qm, kt), (h, nk), s0.dtype, {"heads": h}, s0.line, s0.col)
+        scaled = {g.users(c[0])[0] for c in chains} if fold else set()     # (scores * c)
+        fill = {"fill": True} if fold and all(_fillable(g, x) for x in scaled) else {}
+        sc = new.add("matmul", (qm, kt), (h, nk), s0.dtype, {"heads": h, **fill}, s0.line, s0.col)
         ps = []
         for r, chain in enumerate(chains):       # each head's softmax on its own row (views)
             sm = {chain[0]: new.add("slice", (sc,), (1, nk), s0.dtype, {"index": ((r, r + 1), (0, nk))},
                                     s0.line, s0.col)}
+            if fill:
+                rows_of_filled.add(sm[chain[0]])
             for x in chain[1:]:
                 xn = g.node(x)
+                if x in scaled:                  # (the scale is in the queries' masks)
+                    sm[x] = sm[chain[0]]
+                    continue
                 sm[x] = row_splat(xn, sm[xn.inputs[0]]) if _row_splat(g, xn, lanes) else copied(new, xn, {**m, **sm})
             ps.append(sm[chain[-1]])
         pn = g.node(chains[0][-1])
@@ -319,6 +363,8 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
         return y
 
     stacks, info = {}, dict(scores)
+    rows_of_filled: set = set()
+    folded: dict = {}
     for jid, chunks in joins.items():
         for lo, hi, heads in chunks:
             chains = _stackable(g, scores, heads)
@@ -334,12 +380,21 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
             lo, hi = _chunk(c0, qn.shape[1], lanes)
             qc = new.add("slice", (query(q, rope, n),), (1, hi - lo), qn.dtype, {"index": ((0, 1), (lo, hi))},
                          n.line, n.col)
-            qm = new.add("mul", (qc, masks(1, hi - lo, [(c0 - lo, c1 - lo)], qn.dtype, n)), (1, hi - lo), qn.dtype, {},
-                         n.line, n.col)
+            us = g.users(n.id)
+            fold = _scale(g, n.id)
+            qm = new.add("mul", (qc, masks(1, hi - lo, [(c0 - lo, c1 - lo)], qn.dtype, n, fold or 1.0)), (1, hi - lo),
+                         qn.dtype, {}, n.line, n.col)
             nk = n.shape[1]
             kt = new.add("transpose", (chunk_of(k, rows, nk, lo, hi, n),), (hi - lo, nk), g.node(k).dtype,
                          {"perm": (1, 0)}, n.line, n.col)
-            m[n.id] = new.add("matmul", (qm, kt), n.shape, n.dtype, {}, n.line, n.col)
+            fill = {"fill": True} if fold and _fillable(g, us[0]) else {}
+            m[n.id] = new.add("matmul", (qm, kt), n.shape, n.dtype, fill, n.line, n.col)
+            if fold:
+                folded[us[0]] = n.id
+            if fill:
+                rows_of_filled.add(m[n.id])
+        elif n.id in folded:                    # (scores * c: c is in the queries' masks)
+            m[n.id] = m[folded[n.id]]
         elif n.id in joins:
             parts = []
             for lo, hi, heads in joins[n.id]:
