@@ -112,6 +112,15 @@ def _nearest_last_row(lw, units, last_row) -> int:
     return min(units, key=lambda x: (int(np.abs(m.mxm_pos(x) - pos).max()), x))
 
 
+def score_unit(lw, n) -> int:
+    """The unit a decode step's score product (a transposed operand, few rows, one output chunk)
+    runs on: _nearest_last_row of its operand's last row, as _matmul2d chooses it."""
+    b = lw.g.node(n.inputs[1])
+    bgrid = lw.grid[b.inputs[0]]
+    units = _units(lw, "i8" if n.dtype == "i32" else "f16")[0]
+    return _nearest_last_row(lw, units, bgrid.reshape(-1, bgrid.shape[-1])[min(n.shape[-1], lw.lanes) - 1])
+
+
 def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     c, m = lw.ctx, lw.m
     lanes = lw.lanes
