@@ -41,6 +41,13 @@ their lanes by the concat (another trip). Here:
   mask) fewer on every head's path. Measured, with the rows' SXMs chosen by lower_reduce._side:
   llama_block_decode 1,950 -> 1,917, gpt2_block_decode 2,001 -> 1,977, gpt2_small_decode
   31,948 -> 31,390 (the fold alone: llama 1,928, gpt2_block 2,038).
+- a stacked chunk's p = e / sum(e) (the sum an MXM splat as below, used only there) is divided
+  after the output product: (f16(e) rows @ v[rows, chunk]) / the rows' sums, so the sums' trip
+  to the MXM and the product run side by side (e rounded to f16 where p was: the same rounding
+  before the product, the division in f32 after it; the sums made w lanes wide, as the output
+  rows are). Measured: llama_block_decode 1,860 -> 1,758, gpt2_block_decode 1,965 -> 1,816,
+  gpt2_small_decode 30,626 -> 30,074 (the sums as lanes-wide splats, sliced to w: 1,793,
+  1,851, 30,374; a lane slice of a chunk is a copy).
 - the sum of such an f32 row (softmax's sum of exp) goes through the MXM instead: hi = f16(e)
   and lo = f16(e - hi) as the two rows of one product with ones[w, lanes] (joined in place: one
   install), their sums added (the products with 1.0 exact, each sum rounded to f32 once; e kept
@@ -253,6 +260,22 @@ def _fillable(g: IRGraph, nid) -> bool:
     return all(g.node(u).op in ops.ELEMENTWISE or g.node(u).op == "max" for u in g.users(nid))
 
 
+def _late_div(g: IRGraph, chain: list, lanes: int):
+    """(index of e, index of sum(e)) in a head's chain that ends p = e / sum(e), the sum an f32
+    row's alone (no other user): p @ v becomes (f16(e) @ v) / sum(e), so that the sum's trip to
+    the MXM and the product's run side by side."""
+    p = g.node(chain[-1])
+    if p.op != "div" or p.dtype != "f32" or len(p.inputs) != 2:
+        return None
+    e, l = p.inputs
+    if e not in chain or l not in chain or g.users(l) != [p.id]:
+        return None
+    ln, en = g.node(l), g.node(e)
+    if ln.op != "sum" or ln.inputs[0] != e or ln.dtype != "f32" or en.dtype != "f32" or not _row_splat(g, ln, lanes):
+        return None
+    return chain.index(e), chain.index(l)
+
+
 def _row_splat(g: IRGraph, n, lanes: int) -> bool:
     """A max or sum over a head's score row whose users are elementwise ops on that row: a lane
     tree of rotations that leaves the result in each of the row's own lanes (lower_reduce's
@@ -283,21 +306,26 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
         return new.add("slice", (m[src],), (nrows, hi - lo), g.node(src).dtype, {"index": idx + ((lo, hi),)},
                        n.line, n.col)
 
+    def hilo_sum(n, x, out=lanes):
+        """The sum of the f32 row x in each of `out` lanes ([1, out]): hi @ ones + lo @ ones."""
+        xn = new.node(x)
+        w = xn.shape[-1]
+        ones = once(("ones", w, out), lambda: new.add("const", (), (w, out), "f16",
+                                                       {"value": np.ones((w, out), np.float16)}, n.line, n.col))
+        hi = new.add("cast", (x,), xn.shape, "f16", {"to": "f16"}, n.line, n.col)
+        hi2 = new.add("cast", (x,), xn.shape, "f16", {"to": "f16"}, n.line, n.col)   # (hi: the join's alone)
+        lo = new.add("cast", (new.add("sub", (x, hi2), xn.shape, "f32", {}, n.line, n.col),), xn.shape, "f16",
+                     {"to": "f16"}, n.line, n.col)
+        hl = new.add("concat", (hi, lo), (2, w), "f16", {"axis": 0}, n.line, n.col)
+        y = new.add("matmul", (hl, ones), (2, out), "f32", {"hilo": True}, n.line, n.col)
+        a = new.add("slice", (y,), (1, out), "f32", {"index": ((0, 1), (0, out))}, n.line, n.col)
+        b = new.add("slice", (y,), (1, out), "f32", {"index": ((1, 2), (0, out))}, n.line, n.col)
+        return new.add("add", (a, b), (1, out), "f32", {}, n.line, n.col)
+
     def row_splat(n, x):
         xn = new.node(x)
         if n.op == "sum" and xn.dtype == "f32":     # hi @ ones + lo @ ones: one MXM trip
-            w = xn.shape[-1]
-            ones = once(("ones", w), lambda: new.add("const", (), (w, lanes), "f16",
-                                                      {"value": np.ones((w, lanes), np.float16)}, n.line, n.col))
-            hi = new.add("cast", (x,), xn.shape, "f16", {"to": "f16"}, n.line, n.col)
-            hi2 = new.add("cast", (x,), xn.shape, "f16", {"to": "f16"}, n.line, n.col)   # (hi: the join's alone)
-            lo = new.add("cast", (new.add("sub", (x, hi2), xn.shape, "f32", {}, n.line, n.col),), xn.shape, "f16",
-                         {"to": "f16"}, n.line, n.col)
-            hl = new.add("concat", (hi, lo), (2, w), "f16", {"axis": 0}, n.line, n.col)
-            y = new.add("matmul", (hl, ones), (2, lanes), "f32", {"hilo": True}, n.line, n.col)
-            a = new.add("slice", (y,), (1, lanes), "f32", {"index": ((0, 1), (0, lanes))}, n.line, n.col)
-            b = new.add("slice", (y,), (1, lanes), "f32", {"index": ((1, 2), (0, lanes))}, n.line, n.col)
-            wide = new.add("add", (a, b), (1, lanes), "f32", {}, n.line, n.col)
+            wide = hilo_sum(n, x)
             if n.dtype != "f32":
                 wide = new.add("cast", (wide,), (1, lanes), n.dtype, {"to": n.dtype}, n.line, n.col)
             return new.add("slice", (wide,), (1, 1), n.dtype, {"index": ((0, 1), (0, 1)), "splat": True}, n.line, n.col)
@@ -336,7 +364,8 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
         scaled = {g.users(c[0])[0] for c in chains} if fold else set()     # (scores * c)
         fill = {"fill": True} if fold and all(_fillable(g, x) for x in scaled) else {}
         sc = new.add("matmul", (qm, kt), (h, nk), s0.dtype, {"heads": h, **fill}, s0.line, s0.col)
-        ps = []
+        ps, wides = [], []
+        late = _late_div(g, chains[0], lanes)
         for r, chain in enumerate(chains):       # each head's softmax on its own row (views)
             sm = {chain[0]: new.add("slice", (sc,), (1, nk), s0.dtype, {"index": ((r, r + 1), (0, nk))},
                                     s0.line, s0.col)}
@@ -347,14 +376,26 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
                 if x in scaled:                  # (the scale is in the queries' masks)
                     sm[x] = sm[chain[0]]
                     continue
+                if late and x == chain[late[1]]:     # the sum, divided by after p @ v
+                    wides.append(hilo_sum(xn, sm[xn.inputs[0]], w))
+                    continue
+                if late and x == chain[-1]:          # e rounded to f16 (as the MXM takes p)
+                    e = sm[chain[late[0]]]
+                    ps.append(new.add("cast", (e,), (1, nk), "f16", {"to": "f16"}, xn.line, xn.col))
+                    continue
                 sm[x] = row_splat(xn, sm[xn.inputs[0]]) if _row_splat(g, xn, lanes) else copied(new, xn, {**m, **sm})
-            ps.append(sm[chain[-1]])
+            if not late:
+                ps.append(sm[chain[-1]])
         pn = g.node(chains[0][-1])
-        pj = new.add("concat", tuple(ps), (h, pn.shape[1]), pn.dtype, {"axis": 0}, pn.line, pn.col) if h > 1 else ps[0]
+        pdt = "f16" if late else pn.dtype
+        pj = new.add("concat", tuple(ps), (h, pn.shape[1]), pdt, {"axis": 0}, pn.line, pn.col) if h > 1 else ps[0]
         mm, cast, v, vrows = heads[0][:4]
         mn = g.node(mm)
         y = new.add("matmul", (pj, chunk_of(v, vrows, pn.shape[1], lo, hi, n)), (h, w), mn.dtype, {"heads": h},
                     mn.line, mn.col)
+        if late:
+            sums = new.add("concat", tuple(wides), (h, w), "f32", {"axis": 0}, pn.line, pn.col) if h > 1 else wides[0]
+            y = new.add("div", (y, sums), (h, w), mn.dtype, {}, mn.line, mn.col)
         if h > 1 or spans[0] != (0, w):
             y = new.add("mul", (y, masks(h, w, spans, mn.dtype, mn)), (h, w), mn.dtype, {}, mn.line, mn.col)
             y = new.add("sum", (y,), (1, w), mn.dtype, {"axis": 0}, mn.line, mn.col)
