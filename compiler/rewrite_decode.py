@@ -50,6 +50,8 @@ their lanes by the concat (another trip). Here:
   1,851, 30,374; a lane slice of a chunk is a copy). The heads' sums are joined by the same
   masks as their outputs (off the path: they are ready before the product) and the joined row
   divided once, where each head's row was: llama 1,721, gpt2_block 1,773, gpt2_small 29,396.
+  A lone head's p @ v (not stacked: attention_decode's heads, each multiplied by its rows of wo,
+  rewrite_pack.split_joins) the same way, its sum N lanes wide: attention_decode 1,035 -> 915.
 - the sum of such an f32 row (softmax's sum of exp) goes through the MXM instead: hi = f16(e)
   and lo = f16(e - hi) as the two rows of one product with ones[w, lanes] (joined in place: one
   install), their sums added (the products with 1.0 exact, each sum rounded to f32 once; e kept
@@ -412,6 +414,15 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
         return y
 
     stacks, info = {}, dict(scores)
+    lone_p = {}                                 # a lone head's p = e / sum(e) -> its p @ v
+    for n in g.nodes():
+        if n.op == "matmul" and len(n.shape) == 2 and n.shape[0] == 1 and g.node(n.inputs[0]).op == "div":
+            p = g.node(n.inputs[0])
+            lt = _late_div(g, [p.inputs[0], p.inputs[1], p.id], lanes)
+            if lt is not None and g.users(p.id) == [n.id] and n.dtype == "f32":
+                lone_p[p.id] = n.id
+    lone_mm = set(lone_p.values())
+    lone_sums = {g.node(p).inputs[1] for p in lone_p}
     rows_of_filled: set = set()
     folded: dict = {}
     for jid, chunks in joins.items():
@@ -466,6 +477,17 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
                 parts.append(acc)
             m[n.id] = parts[0] if len(parts) == 1 else new.add("concat", tuple(parts), n.shape, n.dtype,
                                                                 dict(n.attrs), n.line, n.col)
+        elif n.id in lone_sums:                 # (made with the product it divides)
+            continue
+        elif n.id in lone_p:                    # p = e / sum(e) taken as f16(e)
+            e = m[n.inputs[0]]
+            m[n.id] = new.add("cast", (e,), n.shape, "f16", {"to": "f16"}, n.line, n.col)
+        elif n.id in lone_mm:                   # (f16(e) @ v) / sum(e)
+            p = g.node(n.inputs[0])
+            y = copied(new, n, m)
+            sn = g.node(p.inputs[1])
+            m[n.id] = new.add("div", (y, hilo_sum(sn, m[sn.inputs[0]], n.shape[-1])), n.shape, n.dtype, {},
+                              n.line, n.col)
         elif _row_splat(g, n, lanes):
             m[n.id] = row_splat(n, m[n.inputs[0]])
         else:
