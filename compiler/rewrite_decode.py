@@ -415,8 +415,10 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
 
     stacks, info = {}, dict(scores)
     lone_p = {}                                 # a lone head's p = e / sum(e) -> its p @ v
+    joined = {h[0] for chunks in joins.values() for *_, heads in chunks for h in heads}   # (their own products)
     for n in g.nodes():
-        if n.op == "matmul" and len(n.shape) == 2 and n.shape[0] == 1 and g.node(n.inputs[0]).op == "div":
+        if n.op == "matmul" and len(n.shape) == 2 and n.shape[0] == 1 and g.node(n.inputs[0]).op == "div" \
+                and n.id not in joined:
             p = g.node(n.inputs[0])
             lt = _late_div(g, [p.inputs[0], p.inputs[1], p.id], lanes)
             if lt is not None and g.users(p.id) == [n.id] and n.dtype == "f32":
