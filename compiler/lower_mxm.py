@@ -130,6 +130,15 @@ def _arriving_rows(lw, a_id) -> int:
     return out
 
 
+def score_unit(lw, n) -> int:
+    """The unit a decode step's score product (a transposed operand, few rows, one output chunk)
+    runs on: _nearest_last_row of its operand's last row, as _matmul2d chooses it."""
+    b = lw.g.node(n.inputs[1])
+    bgrid = lw.grid[b.inputs[0]]
+    units = _units(lw, "i8" if n.dtype == "i32" else "f16")[0]
+    return _nearest_last_row(lw, units, bgrid.reshape(-1, bgrid.shape[-1])[min(n.shape[-1], lw.lanes) - 1])
+
+
 def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     c, m = lw.ctx, lw.m
     lanes = lw.lanes
@@ -171,8 +180,12 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
             if trans:      # B = X.T with X [N, K]: buffer row r = X row nt*lanes + r, chunk kt;
                 #            rows past N must be zero (they become output lanes): zero the stale ones
                 nrows = min(lanes, N - nt * lanes)
-                srcs = np.concatenate([bgrid[nt * lanes:nt * lanes + nrows, kt], np.resize(zeros, max(0, dirty - nrows))])
-                c.lw_dirty[u] = nrows
+                if n.attrs.get("fill"):
+                    srcs = bgrid[nt * lanes + np.arange(lanes) % nrows, kt]
+                    c.lw_dirty[u] = lanes
+                else:
+                    srcs = np.concatenate([bgrid[nt * lanes:nt * lanes + nrows, kt], np.resize(zeros, max(0, dirty - nrows))])
+                    c.lw_dirty[u] = nrows
             else:          # B [K, N]: buffer row r = B row kt*lanes + r, chunk nt; stale rows past K
                 #            meet zero activation lanes
                 nrows = min(lanes, K - kt * lanes)

@@ -33,11 +33,43 @@ their lanes by the concat (another trip). Here:
   Measured: llama_block_decode 2,520 -> 2,224 cycles, gpt2_block_decode 2,308 -> 2,128,
   gpt2_small_decode 37,820 -> 36,692 (one head per score and output product, the
   installs as many as before: 2,459, 2,158 and, L=2, 6,765 against 6,721).
+- a power-of-two score scale (1 / sqrt(64)) is folded into the queries' masks (_scale), and
+  then the score product fills the lanes past each row's end with the row's own scores (attr
+  `fill`: the transposed install's buffer rows past N repeat the cache rows, where they were
+  zeros), so the max's lane tree, which sees lanes past the row, needs no MASK to -inf first
+  (attr `filled`): the max rotates the product's row itself, two VXM chains (the scale, the
+  mask) fewer on every head's path. Measured, with the rows' SXMs chosen by lower_reduce._side:
+  llama_block_decode 1,950 -> 1,917, gpt2_block_decode 2,001 -> 1,977, gpt2_small_decode
+  31,948 -> 31,390 (the fold alone: llama 1,928, gpt2_block 2,038).
+- a stacked chunk's p = e / sum(e) (the sum an MXM splat as below, used only there) is divided
+  after the output product: (f16(e) rows @ v[rows, chunk]) / the rows' sums, so the sums' trip
+  to the MXM and the product run side by side (e rounded to f16 where p was: the same rounding
+  before the product, the division in f32 after it; the sums made w lanes wide, as the output
+  rows are). Measured: llama_block_decode 1,860 -> 1,758, gpt2_block_decode 1,965 -> 1,816,
+  gpt2_small_decode 30,626 -> 30,074 (the sums as lanes-wide splats, sliced to w: 1,793,
+  1,851, 30,374; a lane slice of a chunk is a copy). The heads' sums are joined by the same
+  masks as their outputs (off the path: they are ready before the product) and the joined row
+  divided once, where each head's row was: llama 1,721, gpt2_block 1,773, gpt2_small 29,396.
+  A lone head's p @ v (not stacked: attention_decode's heads, each multiplied by its rows of wo,
+  rewrite_pack.split_joins) the same way, its sum N lanes wide: attention_decode 1,035 -> 915.
+- the sum of such an f32 row (softmax's sum of exp) goes through the MXM instead: hi = f16(e)
+  and lo = f16(e - hi) as the two rows of one product with ones[w, lanes] (joined in place: one
+  install), their sums added (the products with 1.0 exact, each sum rounded to f32 once; e kept
+  to about 22 bits, or 2^-24 absolutely where lo is subnormal, against a sum of at least 1, e's
+  largest being 1), the sum in every lane: one trip to the MXM where a lane tree takes 2 trips
+  to the SXM and back. Measured: llama_block_decode 2,095 -> 2,001 -> 1,950 cycles (hi and lo
+  as two products, then as one; the heads' max trees alternating between the SXMs in between,
+  lower_reduce: 1,967), gpt2_block_decode 2,098 -> 2,041 -> 2,001, attention_decode 1,127 ->
+  1,054 -> 1,035, gpt2_small_decode 33,202 -> 33,064 -> 31,948. All the heads of a chunk as
+  the rows of one such product (2 h rows): llama 1,988-2,003.
 
 Only for single-row products (decode) of 2-D operands whose head slices do not straddle chunks.
-The stacked products carry attr `heads` (lower.py still treats the step as decode).
+The stacked products carry attr `heads`, the sums' products attr `hilo` (lower.py still treats
+the step as decode).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -209,6 +241,45 @@ def _stackable(g: IRGraph, scores: dict, heads: list):
     return chains
 
 
+def _scale(g: IRGraph, sid) -> float | None:
+    """c where a head's scores (sid) are used only as scores * c, c a power of two: folded into
+    the queries' masks, exactly as rewrite_pack's fold (an f16 query times a power of two,
+    barring underflow, and the f32 sums of products scaled by one round the same). (Another c
+    as rewrite_pack's late scale, c * (s - max(s)), was slower: attention_decode 1,035 ->
+    1,046.)"""
+    us = g.users(sid)
+    if len(us) != 1:
+        return None
+    x = g.node(us[0])
+    other = [i for i in x.inputs if i != sid]
+    if x.op != "mul" or len(other) != 1 or g.node(other[0]).op != "const" or g.node(other[0]).shape != ():
+        return None
+    v = float(np.asarray(g.node(other[0]).attrs["value"]))
+    return v if v > 0 and math.frexp(v)[0] == 0.5 and 2.0 ** -8 <= v <= 1 else None
+
+
+def _fillable(g: IRGraph, nid) -> bool:
+    """nid's users read only its row's own lanes (elementwise ops) or take its max (whose lane
+    tree may see lanes past the row: the score product fills them with the row's own scores)."""
+    return all(g.node(u).op in ops.ELEMENTWISE or g.node(u).op == "max" for u in g.users(nid))
+
+
+def _late_div(g: IRGraph, chain: list, lanes: int):
+    """(index of e, index of sum(e)) in a head's chain that ends p = e / sum(e), the sum an f32
+    row's alone (no other user): p @ v becomes (f16(e) @ v) / sum(e), so that the sum's trip to
+    the MXM and the product's run side by side."""
+    p = g.node(chain[-1])
+    if p.op != "div" or p.dtype != "f32" or len(p.inputs) != 2:
+        return None
+    e, l = p.inputs
+    if e not in chain or l not in chain or g.users(l) != [p.id]:
+        return None
+    ln, en = g.node(l), g.node(e)
+    if ln.op != "sum" or ln.inputs[0] != e or ln.dtype != "f32" or en.dtype != "f32" or not _row_splat(g, ln, lanes):
+        return None
+    return chain.index(e), chain.index(l)
+
+
 def _row_splat(g: IRGraph, n, lanes: int) -> bool:
     """A max or sum over a head's score row whose users are elementwise ops on that row: a lane
     tree of rotations that leaves the result in each of the row's own lanes (lower_reduce's
@@ -239,8 +310,32 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
         return new.add("slice", (m[src],), (nrows, hi - lo), g.node(src).dtype, {"index": idx + ((lo, hi),)},
                        n.line, n.col)
 
+    def hilo_sum(n, x, out=lanes):
+        """The sum of the f32 row x in each of `out` lanes ([1, out]): hi @ ones + lo @ ones."""
+        xn = new.node(x)
+        w = xn.shape[-1]
+        ones = once(("ones", w, out), lambda: new.add("const", (), (w, out), "f16",
+                                                       {"value": np.ones((w, out), np.float16)}, n.line, n.col))
+        hi = new.add("cast", (x,), xn.shape, "f16", {"to": "f16"}, n.line, n.col)
+        hi2 = new.add("cast", (x,), xn.shape, "f16", {"to": "f16"}, n.line, n.col)   # (hi: the join's alone)
+        lo = new.add("cast", (new.add("sub", (x, hi2), xn.shape, "f32", {}, n.line, n.col),), xn.shape, "f16",
+                     {"to": "f16"}, n.line, n.col)
+        hl = new.add("concat", (hi, lo), (2, w), "f16", {"axis": 0}, n.line, n.col)
+        y = new.add("matmul", (hl, ones), (2, out), "f32", {"hilo": True}, n.line, n.col)
+        a = new.add("slice", (y,), (1, out), "f32", {"index": ((0, 1), (0, out))}, n.line, n.col)
+        b = new.add("slice", (y,), (1, out), "f32", {"index": ((1, 2), (0, out))}, n.line, n.col)
+        return new.add("add", (a, b), (1, out), "f32", {}, n.line, n.col)
+
     def row_splat(n, x):
-        wide = new.add(n.op, (x,), (1, lanes), n.dtype, {**n.attrs, "splat": True, "window": True}, n.line, n.col)
+        xn = new.node(x)
+        if n.op == "sum" and xn.dtype == "f32":     # hi @ ones + lo @ ones: one MXM trip
+            wide = hilo_sum(n, x)
+            if n.dtype != "f32":
+                wide = new.add("cast", (wide,), (1, lanes), n.dtype, {"to": n.dtype}, n.line, n.col)
+            return new.add("slice", (wide,), (1, 1), n.dtype, {"index": ((0, 1), (0, 1)), "splat": True}, n.line, n.col)
+        filled = {"filled": True} if n.op == "max" and x in rows_of_filled else {}
+        wide = new.add(n.op, (x,), (1, lanes), n.dtype, {**n.attrs, "splat": True, "window": True, **filled},
+                       n.line, n.col)
         return new.add("slice", (wide,), (1, 1), n.dtype, {"index": ((0, 1), (0, 1)), "splat": True}, n.line, n.col)
 
     def query(q, rope, n):
@@ -251,11 +346,11 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
         return once(("rope", q, rope), lambda: new.add(
             "rope", (m[q],), qn.shape, qn.dtype, {"pos": pos, "theta": theta, "hd": hd}, n.line, n.col))
 
-    def masks(h, width, spans, dtype, n):
+    def masks(h, width, spans, dtype, n, one=1.0):
         v = np.zeros((h, width), NP_DTYPE[dtype])
         for r, (a, b) in enumerate(spans):
-            v[r, a:b] = 1
-        return once(("masks", width, tuple(spans), dtype),
+            v[r, a:b] = one
+        return once(("masks", width, tuple(spans), dtype, one),
                     lambda: new.add("const", (), (h, width), dtype, {"value": v}, n.line, n.col))
 
     def stacked(n, lo, hi, heads, chains):
@@ -265,33 +360,73 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
         qn, s0 = g.node(q), g.node(chains[0][0])
         spans = [(c0 - lo, c1 - lo) for *_, c0, c1 in heads]
         qc = new.add("slice", (query(q, rope, s0),), (1, w), qn.dtype, {"index": ((0, 1), (lo, hi))}, s0.line, s0.col)
-        qm = new.add("mul", (qc, masks(h, w, spans, qn.dtype, s0)), (h, w), qn.dtype, {}, s0.line, s0.col)
+        fold = _scale(g, chains[0][0])
+        qm = new.add("mul", (qc, masks(h, w, spans, qn.dtype, s0, fold or 1.0)), (h, w), qn.dtype, {}, s0.line, s0.col)
         nk = s0.shape[1]
         kt = new.add("transpose", (chunk_of(k, rows, nk, lo, hi, s0),), (w, nk), g.node(k).dtype, {"perm": (1, 0)},
                      s0.line, s0.col)
-        sc = new.add("matmul", (qm, kt), (h, nk), s0.dtype, {"heads": h}, s0.line, s0.col)
-        ps = []
+        scaled = {g.users(c[0])[0] for c in chains} if fold else set()     # (scores * c)
+        fill = {"fill": True} if fold and all(_fillable(g, x) for x in scaled) else {}
+        sc = new.add("matmul", (qm, kt), (h, nk), s0.dtype, {"heads": h, **fill}, s0.line, s0.col)
+        ps, wides = [], []
+        late = _late_div(g, chains[0], lanes)
         for r, chain in enumerate(chains):       # each head's softmax on its own row (views)
             sm = {chain[0]: new.add("slice", (sc,), (1, nk), s0.dtype, {"index": ((r, r + 1), (0, nk))},
                                     s0.line, s0.col)}
+            if fill:
+                rows_of_filled.add(sm[chain[0]])
             for x in chain[1:]:
                 xn = g.node(x)
+                if x in scaled:                  # (the scale is in the queries' masks)
+                    sm[x] = sm[chain[0]]
+                    continue
+                if late and x == chain[late[1]]:     # the sum, divided by after p @ v
+                    wides.append(hilo_sum(xn, sm[xn.inputs[0]], w))
+                    continue
+                if late and x == chain[-1]:          # e rounded to f16 (as the MXM takes p)
+                    e = sm[chain[late[0]]]
+                    ps.append(new.add("cast", (e,), (1, nk), "f16", {"to": "f16"}, xn.line, xn.col))
+                    continue
                 sm[x] = row_splat(xn, sm[xn.inputs[0]]) if _row_splat(g, xn, lanes) else copied(new, xn, {**m, **sm})
-            ps.append(sm[chain[-1]])
+            if not late:
+                ps.append(sm[chain[-1]])
         pn = g.node(chains[0][-1])
-        pj = new.add("concat", tuple(ps), (h, pn.shape[1]), pn.dtype, {"axis": 0}, pn.line, pn.col) if h > 1 else ps[0]
+        pdt = "f16" if late else pn.dtype
+        pj = new.add("concat", tuple(ps), (h, pn.shape[1]), pdt, {"axis": 0}, pn.line, pn.col) if h > 1 else ps[0]
         mm, cast, v, vrows = heads[0][:4]
         mn = g.node(mm)
         y = new.add("matmul", (pj, chunk_of(v, vrows, pn.shape[1], lo, hi, n)), (h, w), mn.dtype, {"heads": h},
                     mn.line, mn.col)
+        sums = None
+        if late:
+            sums = new.add("concat", tuple(wides), (h, w), "f32", {"axis": 0}, pn.line, pn.col) if h > 1 else wides[0]
         if h > 1 or spans[0] != (0, w):
+            # (the heads' spans cover the chunk: every lane takes one head's value and zeros)
             y = new.add("mul", (y, masks(h, w, spans, mn.dtype, mn)), (h, w), mn.dtype, {}, mn.line, mn.col)
             y = new.add("sum", (y,), (1, w), mn.dtype, {"axis": 0}, mn.line, mn.col)
+            if sums is not None:        # each lane's head's sum, joined the same way: one division
+                sums = new.add("mul", (sums, masks(h, w, spans, "f32", mn)), (h, w), "f32", {}, mn.line, mn.col)
+                sums = new.add("sum", (sums,), (1, w), "f32", {"axis": 0}, mn.line, mn.col)
+        if sums is not None:
+            y = new.add("div", (y, sums), new.node(y).shape, mn.dtype, {}, mn.line, mn.col)
         if cast is not None:
             y = new.add("cast", (y,), (1, w), cast, {"to": cast}, n.line, n.col)
         return y
 
     stacks, info = {}, dict(scores)
+    lone_p = {}                                 # a lone head's p = e / sum(e) -> its p @ v
+    joined = {h[0] for chunks in joins.values() for *_, heads in chunks for h in heads}   # (their own products)
+    for n in g.nodes():
+        if n.op == "matmul" and len(n.shape) == 2 and n.shape[0] == 1 and g.node(n.inputs[0]).op == "div" \
+                and n.id not in joined:
+            p = g.node(n.inputs[0])
+            lt = _late_div(g, [p.inputs[0], p.inputs[1], p.id], lanes)
+            if lt is not None and g.users(p.id) == [n.id] and n.dtype == "f32":
+                lone_p[p.id] = n.id
+    lone_mm = set(lone_p.values())
+    lone_sums = {g.node(p).inputs[1] for p in lone_p}
+    rows_of_filled: set = set()
+    folded: dict = {}
     for jid, chunks in joins.items():
         for lo, hi, heads in chunks:
             chains = _stackable(g, scores, heads)
@@ -307,12 +442,21 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
             lo, hi = _chunk(c0, qn.shape[1], lanes)
             qc = new.add("slice", (query(q, rope, n),), (1, hi - lo), qn.dtype, {"index": ((0, 1), (lo, hi))},
                          n.line, n.col)
-            qm = new.add("mul", (qc, masks(1, hi - lo, [(c0 - lo, c1 - lo)], qn.dtype, n)), (1, hi - lo), qn.dtype, {},
-                         n.line, n.col)
+            us = g.users(n.id)
+            fold = _scale(g, n.id)
+            qm = new.add("mul", (qc, masks(1, hi - lo, [(c0 - lo, c1 - lo)], qn.dtype, n, fold or 1.0)), (1, hi - lo),
+                         qn.dtype, {}, n.line, n.col)
             nk = n.shape[1]
             kt = new.add("transpose", (chunk_of(k, rows, nk, lo, hi, n),), (hi - lo, nk), g.node(k).dtype,
                          {"perm": (1, 0)}, n.line, n.col)
-            m[n.id] = new.add("matmul", (qm, kt), n.shape, n.dtype, {}, n.line, n.col)
+            fill = {"fill": True} if fold and _fillable(g, us[0]) else {}
+            m[n.id] = new.add("matmul", (qm, kt), n.shape, n.dtype, fill, n.line, n.col)
+            if fold:
+                folded[us[0]] = n.id
+            if fill:
+                rows_of_filled.add(m[n.id])
+        elif n.id in folded:                    # (scores * c: c is in the queries' masks)
+            m[n.id] = m[folded[n.id]]
         elif n.id in joins:
             parts = []
             for lo, hi, heads in joins[n.id]:
@@ -335,6 +479,17 @@ def decode_heads(g: IRGraph, lanes: int) -> IRGraph:
                 parts.append(acc)
             m[n.id] = parts[0] if len(parts) == 1 else new.add("concat", tuple(parts), n.shape, n.dtype,
                                                                 dict(n.attrs), n.line, n.col)
+        elif n.id in lone_sums:                 # (made with the product it divides)
+            continue
+        elif n.id in lone_p:                    # p = e / sum(e) taken as f16(e)
+            e = m[n.inputs[0]]
+            m[n.id] = new.add("cast", (e,), n.shape, "f16", {"to": "f16"}, n.line, n.col)
+        elif n.id in lone_mm:                   # (f16(e) @ v) / sum(e)
+            p = g.node(n.inputs[0])
+            y = copied(new, n, m)
+            sn = g.node(p.inputs[1])
+            m[n.id] = new.add("div", (y, hilo_sum(sn, m[sn.inputs[0]], n.shape[-1])), n.shape, n.dtype, {},
+                              n.line, n.col)
         elif _row_splat(g, n, lanes):
             m[n.id] = row_splat(n, m[n.inputs[0]])
         else:

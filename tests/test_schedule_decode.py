@@ -181,7 +181,7 @@ def test_decode_heads_read_the_caches_in_place(machine, d, heads, roped, scale):
     16-lane machine stay in one; 24 / 3 = 8 do; tiny's 16 lanes and 32-wide heads do not) are
     left as they were. Heads whose softmax chains differ (a scale per head) are not rows of one
     product but still read the caches in place. A row's max and sum land in each of its lanes
-    (no DISTRIBUTE)."""
+    (no DISTRIBUTE), and a power-of-two scale leaves the max no MASK."""
     from lpu.compiler.frontend import elaborate_source
     from lpu.compiler.rewrite_decode import decode_heads
     from lpu.isa.opcodes import OPS
@@ -206,3 +206,7 @@ def test_decode_heads_read_the_caches_in_place(machine, d, heads, roped, scale):
         assert permutes <= (-(-d // m.lanes) if roped else 0), permutes
         if 2 * 10 <= m.lanes + 1:      # each row's max and sum in the row's own lanes: no broadcast
             assert not np.any(prog.op == code["DISTRIBUTE"])
+            if scale == "0.125":        # the scale in the queries' masks, the score rows filled
+                #                         past their end with their own scores: no MASK to -inf
+                assert all(n.attrs.get("fill") for n in stacked if n.shape[-1] == 10)
+                assert not np.any(prog.op == code["MASK"])
