@@ -295,7 +295,10 @@ class Lowerer:
                     self.lower_output(n)
                 elif k == "part":           # computed into its rows of the concat's region
                     self.grid[n.id] = self.part_grid(n)
-                    L.LOWER[n.op](self, n)
+                    if not self.replayer.replay(n, True, self.grid[n.id]):
+                        rec = self.replayer.begin(n)
+                        L.LOWER[n.op](self, n)
+                        self.replayer.end(n, rec, True)
                 elif k == "joined":
                     pass
                 elif k == "temp":

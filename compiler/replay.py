@@ -68,6 +68,7 @@ class Replayer:
             for a, b in zip(trips, trips[1:]):
                 self.twin.update(_aligned(lw.g, a, b))
         self.wanted = set(self.twin.values())     # nodes some later node may replay
+        self.next_of = {t: n for n, t in self.twin.items()}   # node -> its twin in the next trip
         self.carried = self._carried()
         self.rec: dict[int, Record] = {}
         self.replayed = self.lowered = 0
@@ -139,19 +140,28 @@ class Replayer:
             self.rec.pop(t, None)
 
     # ---- replaying -------------------------------------------------------------------------
-    def replay(self, n, aliased: bool) -> bool:
-        """Give node n its twin's storage and chains, if they are alike; False if not."""
+    def replay(self, n, aliased: bool, out=None) -> bool:
+        """Give node n its twin's storage and chains, if they are alike; False if not. out: the
+        grid n writes when it is given (a part of a joined tensor: its rows of the join's region),
+        which must lie where the twin's did, up to a shift by a multiple of the period."""
         t = self.twin.get(n.id)
         r = self.rec.get(t) if t is not None else None
         if r is None:
             return False
         lw = self.lw
         shifts = self._shifts(n, lw.g.node(t))
+        if shifts is not None and out is not None:
+            d = _shift_of(out, lw.grid.get(t), self.period)
+            if d is None:
+                return False
+            if d:
+                shifts.append((lw.grid[t], dtype_width(n.dtype), d))
         if shifts is None or lw.ctx.lw_dirty != r.dirty_before:
             return False
         if (r.out_region is None) != aliased and r.log:
             return False
-        arrays = _shifted(r.arrays, shifts, n.id, self.period) if shifts else _renamed(r.arrays, n.id)
+        names = self._names(r.arrays.node, n.id)
+        arrays = _shifted(r.arrays, shifts, names, self.period) if shifts else _renamed(r.arrays, names)
         if arrays is None or not lw.alloc.replays(r.log):
             return False
         c = lw.ctx
@@ -161,7 +171,8 @@ class Replayer:
             c.mxm_load[u] = c.mxm_load.get(u, 0) + v
         lw.deferred += [(lw.depth, region) for region in r.deferred]
         lw.row_held += r.row_held
-        lw.grid[n.id] = lw.grid[t]
+        if out is None:
+            lw.grid[n.id] = lw.grid[t]
         if r.out_region is not None:
             lw.regions[n.id] = r.out_region
         lw.chains = [_own(arrays)]
@@ -172,6 +183,13 @@ class Replayer:
             self.rec[n.id] = new
         self.replayed += 1
         return True
+
+    def _names(self, nodes, nid):
+        """The node of each chain in this trip: the twin's chains name the twin (now nid) or a node
+        of the twin's trip lowered with it (a fused producer: now its own next-trip node)."""
+        u, inv = np.unique(nodes, return_inverse=True)
+        t = self.twin.get(nid)
+        return np.array([nid if x == t else self.next_of.get(int(x), int(x)) for x in u], np.int64)[inv]
 
     def _shifts(self, n, t):
         """[(twin's input grid, width, d)] for the inputs that moved, or None if n and t differ."""
@@ -234,6 +252,17 @@ class Replayer:
         return True
 
 
+def _shift_of(grid, twin_grid, period: int):
+    """The one shift (a multiple of the period) from twin_grid to grid, else None."""
+    if twin_grid is None or grid.shape != twin_grid.shape:
+        return None
+    d = grid - twin_grid
+    d0 = int(d.flat[0]) if d.size else 0
+    if d.size and (np.any(d != d0) or d0 % period):
+        return None
+    return d0
+
+
 def _aligned(g, a: tuple, b: tuple) -> dict:
     """{node of trip b: its twin in trip a}, pairing nodes in order by (op, source position);
     a constant that only one trip has (made by a rewrite in the first trip that needs it and
@@ -282,11 +311,11 @@ def _own(a: ChainArrays) -> ChainArrays:
     return replace(a, args=a.args.copy())
 
 
-def _renamed(a: ChainArrays, node: int) -> ChainArrays:
-    return replace(a, node=np.full(a.n_chains, node, np.int64))
+def _renamed(a: ChainArrays, names: np.ndarray) -> ChainArrays:
+    return replace(a, node=names)
 
 
-def _shifted(a: ChainArrays, shifts, node: int, period: int):
+def _shifted(a: ChainArrays, shifts, names: np.ndarray, period: int):
     """The batch with every slot of a moved input shifted (and its READ/WRITE's address), or
     None where a slot would move by two different amounts or a non-MEM instruction touches one."""
     slots, delta = [], []
@@ -326,4 +355,4 @@ def _shifted(a: ChainArrays, shifts, node: int, period: int):
         args = a.args.copy()
         args[:, _ADDR] += addr
         changed["args"] = args
-    return replace(_renamed(a, node), **changed)
+    return replace(_renamed(a, names), **changed)

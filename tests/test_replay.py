@@ -145,3 +145,41 @@ def test_periodic_layout_repeats_slices_and_banks(shape, width):
         assert np.array_equal(s, s0) and np.array_equal(b, b0)
     assert np.array_equal(grid[0].reshape(plain.shape) - grid[0].min(), plain - plain.min())
     assert len(np.unique(grid)) == grid.size
+
+
+NORM_LOOP = """
+param L = 3
+input  x : f16[128, 320]
+weight w : f16[L, 320, 320]
+weight g : f32[L, 320]
+h = x
+for l in 0..L {
+    h = f16(f16(layernorm(f32(h) + 1.0, g[l], g[l])) @ w[l])
+}
+output y = h
+"""
+
+
+def test_rows_of_a_joined_result_replay_their_twins(monkeypatch):
+    """A layernorm of f32 rows runs in row groups written into their rows of one joined result
+    (compiler/rewrite_rows.py); those parts replay their twins in later trips like temporaries
+    (their rows of the join shifted by a multiple of the period), and the program is the one
+    lowering them again gives, node ids included."""
+    from lpu.compiler import replay
+    m = MachineConfig.load("tsp-v1")
+    parts = []
+    orig = replay.Replayer.replay
+
+    def spy(self, n, aliased, out=None):
+        ok = orig(self, n, aliased, out)
+        if out is not None:
+            parts.append(ok)
+        return ok
+    monkeypatch.setattr(replay.Replayer, "replay", spy)
+    fast, _ = compile_source(NORM_LOOP, "norm.lpu", {}, m)
+    assert parts and sum(parts) >= len(parts) // 3, parts          # the later trips' parts replay
+    monkeypatch.setattr(replay.Replayer, "replay", lambda self, n, aliased, out=None: False)
+    slow, _ = compile_source(NORM_LOOP, "norm.lpu", {}, m)
+    assert fast.predicted_cycles == slow.predicted_cycles
+    for f in ("queue", "op", "args", "line", "node"):
+        assert np.array_equal(getattr(fast, f), getattr(slow, f)), f
