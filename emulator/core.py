@@ -35,7 +35,7 @@ from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, pre
     stream_read, stream_write, zero_run,
 )
 from lpu.emulator.core_links import L_ON, c2c_exec
-from lpu.emulator.mxm import accumulate, install, products
+from lpu.emulator.mxm import flush, install
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     CORE_OPS, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
     C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SHIFT, C_TPIN,
@@ -43,26 +43,6 @@ from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     vxm_compute,
 )
 
-# ---- MXM (arithmetic in emulator/mxm.py) -------------------------------------------------------
-@njit(cache=True)
-def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_min, hz):
-    """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
-    hz = H_FLUSH, plane) where the batch is at least `bulk_min` long: the host does it then with
-    BLAS (run.py, the same bits: docs/accumulation.md) and resumes at the same instruction.
-    Shorter batches: in lane order and settled, or (bulk_min == 0) the exact row path."""
-    n = pend_n[plane]
-    if n == 0:
-        return True
-    if bulk_min > 0 and n >= bulk_min:
-        hz[0], hz[3] = H_FLUSH, plane
-        return False
-    products(pend_x[plane], n, wts32[plane], wdt[plane], ybuf, bulk_min == 0, wnorm[plane], wcols[plane], act)
-    accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
-    pend_n[plane] = 0
-    return True
-
-
-# ---- streams -----------------------------------------------------------------------------------
 # ---- units -------------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
 def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo, bank_last, ring, sa, sb, hz,
@@ -160,7 +140,7 @@ def mxm_input_ok(ref, plane, spd):
 @njit(cache=True)
 def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts32,
              wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n,
-             ybuf, act, bulk_min, hz, counters):
+             ybuf, act, bulk_work, hz, counters):
     if op == C_LW:
         row, ref, cvt = a[0], a[1], a[2]
         if row < 0 or row >= lanes:
@@ -186,7 +166,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
             copy_run(sa[b], lbuf[plane, b, row])
         return True
     if op == C_IW:
-        if not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_min, hz):
+        if not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_work, hz):
             return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
@@ -214,7 +194,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         return True
     if op == C_ABC:
         if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta,
-                                                         pend_n, ybuf, act, acc_bits, bulk_min, hz):
+                                                         pend_n, ybuf, act, acc_bits, bulk_work, hz):
             return False
         ref, row, accum, half = a[0], a[1], a[2], a[3]
         if not mxm_input_ok(ref, plane, spd):
@@ -272,7 +252,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         if pend_meta[plane, b, 0] == row:
             waits = True
             break
-    if waits and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_min, hz):
+    if waits and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_work, hz):
         return False
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
@@ -408,7 +388,7 @@ def reset(ws):
 
 @njit(cache=True)
 def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles,
-            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, links, bulk_min, hz, counters):
+            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, links, bulk_work, hz, counters):
     """Execute the sorted instruction list from `start`; returns where it stopped: the end, the
     instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
     H_FLUSH: call again from there), or a RECV at or after the window's end (hz[0] == H_C2C: the
@@ -432,7 +412,7 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
                  bank_lo, mem, valid, tables, f16tab, ring[0], ring[1], ring[2], ring[3], ring[4], ring[5], bank_last, lbuf,
                  lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n,
                  order[0], order[1], order[2], wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, links[0], links[1],
-                 links[2], links[3], links[4], links[5], links[6], links[7], links[8], bulk_min, hz, counters)
+                 links[2], links[3], links[4], links[5], links[6], links[7], links[8], bulk_work, hz, counters)
 
 
 @njit(cache=True)
@@ -440,7 +420,7 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
           mem, valid, tables, f16tab, ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, bank_last, lbuf, lw_dt, wts32,
           wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n, ord_lw, ord_acc, ord_last,
           wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, lk_ctl, lk_last, out_link, out_cycle, out_pay,
-          in_arrival, in_pay, in_head, in_tail, bulk_min, hz, counters):
+          in_arrival, in_pay, in_head, in_tail, bulk_work, hz, counters):
     """`execute`'s loop, on borrowed arrays (no reference counting: emulator/borrow.py)."""
     cyc, cop, cunit, uidx, upos, args, lat = (borrowed(cyc), borrowed(cop), borrowed(cunit), borrowed(uidx),
                                               borrowed(upos), borrowed(args), borrowed(lat))
@@ -477,7 +457,7 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
         elif u == U_MXM:
             ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
                           lbuf, lw_dt, wts32, wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order,
-                          sa, so, pend_x, pend_meta, pend_n, ybuf, act, bulk_min, hz, counters)
+                          sa, so, pend_x, pend_meta, pend_n, ybuf, act, bulk_work, hz, counters)
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)
