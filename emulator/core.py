@@ -35,7 +35,7 @@ from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, pre
     stream_read, stream_write, zero_run,
 )
 from lpu.emulator.core_links import L_ON, c2c_exec
-from lpu.emulator.mxm import accumulate, install, products
+from lpu.emulator.mxm import flush, install
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     CORE_OPS, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
     C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SHIFT, C_TPIN,
@@ -43,26 +43,6 @@ from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     vxm_compute,
 )
 
-# ---- MXM (arithmetic in emulator/mxm.py) -------------------------------------------------------
-@njit(cache=True)
-def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_min, hz):
-    """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
-    hz = H_FLUSH, plane) where the batch is at least `bulk_min` long: the host does it then with
-    BLAS (run.py, the same bits: docs/accumulation.md) and resumes at the same instruction.
-    Shorter batches: in lane order and settled, or (bulk_min == 0) the exact row path."""
-    n = pend_n[plane]
-    if n == 0:
-        return True
-    if bulk_min > 0 and n >= bulk_min:
-        hz[0], hz[3] = H_FLUSH, plane
-        return False
-    products(pend_x[plane], n, wts32[plane], wdt[plane], ybuf, bulk_min == 0, wnorm[plane], wcols[plane], act)
-    accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
-    pend_n[plane] = 0
-    return True
-
-
-# ---- streams -----------------------------------------------------------------------------------
 # ---- units -------------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
 def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo, bank_last, ring, sa, sb, hz,
@@ -157,36 +137,102 @@ def mxm_input_ok(ref, plane, spd):
     return ref >= 0 and (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)) and ref_ok(ref, WIDTH[dt], spd)
 
 
-@njit(cache=True)
-def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, lbuf, lw_dt, wts32,
-             wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order, sa, so, pend_x, pend_meta, pend_n,
-             ybuf, act, bulk_min, hz, counters):
-    if op == C_LW:
-        row, ref, cvt = a[0], a[1], a[2]
-        if row < 0 or row >= lanes:
-            return operand_error(hz, 0, row)
-        if not mxm_input_ok(ref, plane, spd):
-            return operand_error(hz, 1, ref)
-        if cvt != 0 and (cvt != 1 or ref >> 8 != D_I8 or plane % 2 != 0):
-            return operand_error(hz, 2, cvt)
-        if lw_dt[plane, row] != -1:
-            return order_hazard(hz, ORD_RELOAD, plane, row)
-        w = WIDTH[ref >> 8]
-        if not stream_read(ref, w, p, t, ring, sa, hz):
-            return False
-        lw_dt[plane, row] = D_F16 if cvt != 0 else ref >> 8
-        order[0][plane, row] = ex
-        if cvt != 0:
-            for l in range(lanes):
-                bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
-                lbuf[plane, 0, row, l] = bits & 0xFF
-                lbuf[plane, 1, row, l] = bits >> 8
-            return True
-        for b in range(w):
-            copy_run(sa[b], lbuf[plane, b, row])
+@njit(cache=True, inline="always")
+def lw_exec(a, plane, p, t, ex, lanes, spd, ring, lbuf, lw_dt, ord_lw, sa, hz):
+    """LW: a weight buffer row from a stream; inlined into the loop (40,000 in bert_base L=1: as
+    a case of mxm_exec, its call with ~40 arguments took ~10% of the run)."""
+    row, ref, cvt = a[0], a[1], a[2]
+    if row < 0 or row >= lanes:
+        return operand_error(hz, 0, row)
+    if not mxm_input_ok(ref, plane, spd):
+        return operand_error(hz, 1, ref)
+    if cvt != 0 and (cvt != 1 or ref >> 8 != D_I8 or plane % 2 != 0):
+        return operand_error(hz, 2, cvt)
+    if lw_dt[plane, row] != -1:
+        return order_hazard(hz, ORD_RELOAD, plane, row)
+    w = WIDTH[ref >> 8]
+    if not stream_read(ref, w, p, t, ring, sa, hz):
+        return False
+    lw_dt[plane, row] = D_F16 if cvt != 0 else ref >> 8
+    ord_lw[plane, row] = ex
+    if cvt != 0:
+        for l in range(lanes):
+            bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
+            lbuf[plane, 0, row, l] = bits & 0xFF
+            lbuf[plane, 1, row, l] = bits >> 8
         return True
+    for b in range(w):
+        copy_run(sa[b], lbuf[plane, b, row])
+    return True
+
+
+@njit(cache=True)
+def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, wts32, wnorm, wcols, wdt, busy,
+             acc_bits, acc_kind, acc_ready, ord_acc, ord_last, sa, pend_x, pend_meta, pend_n, ybuf, act, bulk_work,
+             hz, counters):
+    """ABC: timing, hazards, the operand; the product joins the plane's batch (mxm.flush)."""
+    if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta,
+                                                     pend_n, ybuf, act, acc_bits, bulk_work, hz):
+        return False
+    ref, row, accum, half = a[0], a[1], a[2], a[3]
+    if not mxm_input_ok(ref, plane, spd):
+        return operand_error(hz, 0, ref)
+    if row < 0 or row >= acc_rows:
+        return operand_error(hz, 1, row)
+    if half != 0 and half != 1:
+        return operand_error(hz, 3, half)
+    dt = ref >> 8
+    if wdt[plane] != dt:
+        hz[0], hz[3], hz[4] = H_DTYPE, dt, wdt[plane]
+        return False
+    kind = D_I32 if dt == D_I8 else D_F32
+    if accum != 0 and acc_kind[plane, row] != kind and acc_kind[plane, row] != -1:
+        hz[0], hz[3], hz[4] = H_DTYPE, kind, acc_kind[plane, row]
+        return False
+    state = ord_acc[plane, row]
+    if accum == 0 and state == 1:
+        return order_hazard(hz, ORD_RESET_UNREAD, plane, row)
+    if accum != 0 and state == 2:
+        return order_hazard(hz, ORD_ACCUM_READ, plane, row)
+    span = 1 if dt == D_I8 else 2
+    for pl in range(plane, plane + span):
+        if busy[pl] > t:
+            hz[0], hz[3], hz[4] = H_BUSY, pl, busy[pl]
+            return False
+    hold = 1 if dt == D_I8 else pair_cycles
+    if half != 0:
+        hold = (hold + 1) // 2
+    for pl in range(plane, plane + span):
+        busy[pl] = t + hold
+    if not stream_read(ref, WIDTH[dt], p, t, ring, sa, hz):
+        return False
+    nb = pend_n[plane]
+    x = pend_x[plane, nb]
+    if dt == D_I8:
+        for l in range(lanes):
+            x[l] = np.float64(np.int8(sa[0, l]))
+    else:
+        for l in range(lanes):
+            x[l] = f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
+    if half != 0:
+        zero_run(x[lanes // 2:])
+    pend_meta[plane, nb, 0], pend_meta[plane, nb, 1], pend_meta[plane, nb, 2] = row, accum, dt
+    pend_n[plane] = nb + 1
+    acc_kind[plane, row] = kind
+    acc_ready[plane, row] = t + lat
+    ord_acc[plane, row], ord_last[plane, row] = 1, ex
+    counters[K_MXM_BUSY] += hold if dt == D_I8 else 2 * hold
+    counters[K_MACS] += lanes * (lanes // 2 if half != 0 else lanes)
+    return True
+
+
+@njit(cache=True)
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, f16tab, lbuf, lw_dt, wts32, wnorm, wcols,
+             wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x, pend_meta, pend_n, ybuf, act,
+             bulk_work, hz):
+    """IW and ACC (LW and ABC: `lw_exec`, `abc_exec`)."""
     if op == C_IW:
-        if not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_min, hz):
+        if not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_work, hz):
             return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
@@ -212,67 +258,13 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, rin
         wdt[plane] = dt
         wfresh[plane] = 0
         return True
-    if op == C_ABC:
-        if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta,
-                                                         pend_n, ybuf, act, acc_bits, bulk_min, hz):
-            return False
-        ref, row, accum, half = a[0], a[1], a[2], a[3]
-        if not mxm_input_ok(ref, plane, spd):
-            return operand_error(hz, 0, ref)
-        if row < 0 or row >= acc_rows:
-            return operand_error(hz, 1, row)
-        if half != 0 and half != 1:
-            return operand_error(hz, 3, half)
-        dt = ref >> 8
-        if wdt[plane] != dt:
-            hz[0], hz[3], hz[4] = H_DTYPE, dt, wdt[plane]
-            return False
-        kind = D_I32 if dt == D_I8 else D_F32
-        if accum != 0 and acc_kind[plane, row] != kind and acc_kind[plane, row] != -1:
-            hz[0], hz[3], hz[4] = H_DTYPE, kind, acc_kind[plane, row]
-            return False
-        state = order[1][plane, row]
-        if accum == 0 and state == 1:
-            return order_hazard(hz, ORD_RESET_UNREAD, plane, row)
-        if accum != 0 and state == 2:
-            return order_hazard(hz, ORD_ACCUM_READ, plane, row)
-        span = 1 if dt == D_I8 else 2
-        for pl in range(plane, plane + span):
-            if busy[pl] > t:
-                hz[0], hz[3], hz[4] = H_BUSY, pl, busy[pl]
-                return False
-        hold = 1 if dt == D_I8 else pair_cycles
-        if half != 0:
-            hold = (hold + 1) // 2
-        for pl in range(plane, plane + span):
-            busy[pl] = t + hold
-        if not stream_read(ref, WIDTH[dt], p, t, ring, sa, hz):
-            return False
-        nb = pend_n[plane]
-        x = pend_x[plane, nb]
-        if dt == D_I8:
-            for l in range(lanes):
-                x[l] = np.float64(np.int8(sa[0, l]))
-        else:
-            for l in range(lanes):
-                x[l] = f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
-        if half != 0:
-            x[lanes // 2:] = 0.0
-        pend_meta[plane, nb, 0], pend_meta[plane, nb, 1], pend_meta[plane, nb, 2] = row, accum, dt
-        pend_n[plane] = nb + 1
-        acc_kind[plane, row] = kind
-        acc_ready[plane, row] = t + lat
-        order[1][plane, row], order[2][plane, row] = 1, ex
-        counters[K_MXM_BUSY] += hold if dt == D_I8 else 2 * hold
-        counters[K_MACS] += lanes * (lanes // 2 if half != 0 else lanes)
-        return True
     row, ref = a[0], a[1]  # ACC: the batch is multiplied out first if one of its ABCs writes this row (the
     waits = False          # other rows are not observable before their own ACC)
     for b in range(pend_n[plane]):
         if pend_meta[plane, b, 0] == row:
             waits = True
             break
-    if waits and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_min, hz):
+    if waits and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_work, hz):
         return False
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
@@ -408,7 +400,7 @@ def reset(ws):
 
 @njit(cache=True)
 def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles,
-            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, links, bulk_min, hz, counters):
+            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, links, bulk_work, hz, counters):
     """Execute the sorted instruction list from `start`; returns where it stopped: the end, the
     instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
     H_FLUSH: call again from there), or a RECV at or after the window's end (hz[0] == H_C2C: the
@@ -432,7 +424,7 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
                  bank_lo, mem, valid, tables, f16tab, ring[0], ring[1], ring[2], ring[3], ring[4], ring[5], bank_last, lbuf,
                  lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n,
                  order[0], order[1], order[2], wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, links[0], links[1],
-                 links[2], links[3], links[4], links[5], links[6], links[7], links[8], bulk_min, hz, counters)
+                 links[2], links[3], links[4], links[5], links[6], links[7], links[8], bulk_work, hz, counters)
 
 
 @njit(cache=True)
@@ -440,7 +432,7 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
           mem, valid, tables, f16tab, ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, bank_last, lbuf, lw_dt, wts32,
           wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n, ord_lw, ord_acc, ord_last,
           wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, lk_ctl, lk_last, out_link, out_cycle, out_pay,
-          in_arrival, in_pay, in_head, in_tail, bulk_min, hz, counters):
+          in_arrival, in_pay, in_head, in_tail, bulk_work, hz, counters):
     """`execute`'s loop, on borrowed arrays (no reference counting: emulator/borrow.py)."""
     cyc, cop, cunit, uidx, upos, args, lat = (borrowed(cyc), borrowed(cop), borrowed(cunit), borrowed(uidx),
                                               borrowed(upos), borrowed(args), borrowed(lat))
@@ -474,10 +466,16 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
         if u == U_MEM:
             ok = mem_exec(op, a, uidx[i], p, t, i, lat[i], spd, naddr, mem, valid, bank_base, bank_lo, bank_last,
                           ring, sa, sb, hz, counters)
+        elif u == U_MXM and op == C_LW:
+            ok = lw_exec(a, uidx[i], p, t, i, lanes, spd, ring, lbuf, lw_dt, order[0], sa, hz)
+        elif u == U_MXM and op == C_ABC:
+            ok = abc_exec(a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab, wts32, wnorm,
+                          wcols, wdt, busy, acc_bits, acc_kind, acc_ready, order[1], order[2], sa, pend_x, pend_meta,
+                          pend_n, ybuf, act, bulk_work, hz, counters)
         elif u == U_MXM:
-            ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab,
-                          lbuf, lw_dt, wts32, wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order,
-                          sa, so, pend_x, pend_meta, pend_n, ybuf, act, bulk_min, hz, counters)
+            ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, ring, f16tab, lbuf, lw_dt, wts32,
+                          wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x,
+                          pend_meta, pend_n, ybuf, act, bulk_work, hz)
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)

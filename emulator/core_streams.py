@@ -20,7 +20,7 @@ TRANSPOSE_BUFFERS = 4
 # SRAM row flags (`valid`): 0 no value, 1 a value, RO_LOADED a loaded input, weight or constant,
 # RO_CLOBBERED such a row overwritten (reading it again is a hazard: the tensor is still live)
 RO_LOADED, RO_CLOBBERED = 2, 3
-H_FLUSH = 99      # not a hazard: the host is asked to multiply out a plane's batch (see `flush`)
+H_FLUSH = 99      # not a hazard: the host is asked to multiply out a plane's batch (see mxm.flush)
 H_C2C = 98        # not a hazard: a chip-to-chip instruction, which the host runs (emulator/c2c.py)
 
 # the core's units (emulator/prepare.py maps the opcode table's unit of every opcode onto these)

@@ -1,5 +1,5 @@
 """Jitted MXM arithmetic of the core (emulator/core.py): weight install, the products of pending
-ABCs, accumulation.
+ABCs (`flush`: in the core, or handed to the host by its work), accumulation.
 
 The accumulation contract (docs/accumulation.md): an ABC's dot product over the lanes is the
 EXACT sum of the exact products x[k] * w[k, n], rounded once to f32 (nearest even) for f16, or
@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from lpu.emulator.arith import D_I8, wrap32
+from lpu.emulator.core_streams import H_FLUSH
 
 MANTISSA = 53             # bits of a float64 significand
 
@@ -134,9 +135,6 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
     `support` (wcols: `row_support` of w, act: int64 scratch [K]), settled like a BLAS product
     (`settle`, wnorm: the column norms of w)."""
     lanes = w.shape[1]
-    for b in range(n):
-        for m in range(lanes):
-            y[b, m] = 0.0
     if dt == D_I8 or not exact:         # i8: integers below 2^23, every float64 sum is exact
         if exact:
             for k in range(w.shape[0]):
@@ -144,17 +142,11 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
             na, clo, chi = w.shape[0], 0, lanes
         else:
             na, clo, chi = support(x, n, wcols, wnorm, act)
-        nc = chi - clo
-        for j in range(na):
-            k = act[j]
-            row = w[k, clo:chi]
-            for b in range(n):
-                xk, yb = x[b, k], y[b, clo:chi]
-                for m in range(nc):
-                    yb[m] += xk * row[m]
-        if dt != D_I8:
-            settle(x, n, w, wnorm, y, clo, chi)
+        products_over(x, n, w, dt, y, wnorm, act, na, clo, chi)
         return
+    for b in range(n):
+        for m in range(lanes):
+            y[b, m] = 0.0
     c = split_scale(w.shape[0])
     ic = 1.0 / c
     lo = np.zeros((n, lanes))
@@ -173,6 +165,25 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
                 y[b, m] = round_f32(y[b, m], lo[b, m])
             else:
                 y[b, m] = exact_dot(x[b], w, m, c)
+
+
+@njit(cache=True)
+def products_over(x, n, w, dt, y, wnorm, act, na, clo, chi):
+    """y[b, m] for the rows b < n of x: a float64 sum in lane order over the lanes act[:na] and
+    the columns [clo, chi) (`support`; every other element is +0), settled for f16 (`settle`)."""
+    for b in range(n):
+        for m in range(w.shape[1]):
+            y[b, m] = 0.0
+    nc = chi - clo
+    for j in range(na):
+        k = act[j]
+        row = w[k, clo:chi]
+        for b in range(n):
+            xk, yb = x[b, k], y[b, clo:chi]
+            for m in range(nc):
+                yb[m] += xk * row[m]
+    if dt != D_I8:
+        settle(x, n, w, wnorm, y, clo, chi)
 
 
 @njit(cache=True)
@@ -286,3 +297,27 @@ def accumulate(acc_bits, meta, n, y):
             for m in range(lanes):
                 y32 = np.float32(y[b, m])
                 acc_f[m] = np.float32(acc_f[m] + y32) if accum != 0 else y32
+
+
+@njit(cache=True)
+def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_work, hz):
+    """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
+    hz = H_FLUSH, plane) where the batch's multiply-adds (rows times its `support`: a half ABC
+    has half the lanes) are at least `bulk_work`: the host does it then with BLAS (run.py, the
+    same bits: docs/accumulation.md) and resumes at the same instruction. Smaller batches: in
+    lane order and settled, or (bulk_work == 0) the exact row path."""
+    n = pend_n[plane]
+    if n == 0:
+        return True
+    x = pend_x[plane]
+    if bulk_work == 0:
+        products(x, n, wts32[plane], wdt[plane], ybuf, True, wnorm[plane], wcols[plane], act)
+    else:
+        na, lo, hi = support(x, n, wcols[plane], wnorm[plane], act)
+        if n * na * (hi - lo) >= bulk_work:
+            hz[0], hz[3] = H_FLUSH, plane
+            return False
+        products_over(x, n, wts32[plane], wdt[plane], ybuf, wnorm[plane], act, na, lo, hi)
+    accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
+    pend_n[plane] = 0
+    return True

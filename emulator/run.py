@@ -307,11 +307,11 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
                        cycle, qname, src, op.name, line, HAZARD_KIND[kind], expected)
 
 
-BULK_MIN = 4    # batches of this many ABCs or more are multiplied out with BLAS
+BULK_WORK = 1 << 19    # batches of this many multiply-adds or more are multiplied out with BLAS (mxm.flush)
 
 
 def _bulk(ws, plane: int) -> None:
-    """Multiply out the pending ABCs of `plane` with one BLAS product (core.flush asked for it),
+    """Multiply out the pending ABCs of `plane` with one BLAS product (mxm.flush asked for it),
     then settle it to the contract's bits (mxm.settle; i8: BLAS's float64 sum is exact)."""
     _, _, _, _, wts, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _, wcols, wfresh = ws
     n = int(pend_n[plane])
@@ -380,7 +380,7 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) 
         at = core.execute(at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency,
                           m.lanes, m.streams_per_direction, m.acc_rows, m.f16_pair_cycles,
                           m.addresses_per_bank, prep.bank_base, prep.bank_lo, mem, valid, prep.tables, F16_TO_F32,
-                          prep.workspace, NO_LINKS, BULK_MIN if bulk else 0, hz, counters)
+                          prep.workspace, NO_LINKS, BULK_WORK if bulk else 0, hz, counters)
         if hz[0] == core.H_C2C:
             raise LpuError(f"{program.source_name or 'the program'}: instruction {int(s.src[at])} sends or receives "
                            f"over a chip-to-chip link: it is one chip of a system; run the system (lpu run --chips)")

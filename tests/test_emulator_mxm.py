@@ -176,6 +176,33 @@ def test_i8_products_are_exact_integers():
     assert np.array_equal(mxm.blas_products(x, w, D_I8, np.zeros(320), wcols), want)
 
 
+def test_flush_hands_the_host_a_batch_by_its_work_not_its_length():
+    """A batch of half ABCs (K <= lanes/2) stays in the core where as many full ABCs go to the
+    host's BLAS: the hand-over counts multiply-adds over the support, so half ABCs, cut into
+    shorter batches by their ACCs, never pay a host round trip for half the work."""
+    from lpu.emulator import core
+    lanes, n = 320, 4
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((lanes, lanes)) * 0.1).astype(np.float16).astype(np.float32)
+    wnorm, wcols = np.zeros(lanes), np.zeros((lanes, 2), np.int64)
+    mxm.column_norms(w, wnorm)
+    mxm.row_support(w, wcols)
+    for half, handed in ((False, True), (True, False)):
+        x = rng.standard_normal((core.ABC_BATCH, lanes)).astype(np.float16).astype(np.float64)
+        if half:
+            x[:, lanes // 2:] = 0.0
+        pend_x, pend_meta = x[None].copy(), np.zeros((1, core.ABC_BATCH, 3), np.int64)
+        pend_meta[0, :n, 0], pend_meta[0, :n, 2] = np.arange(n), D_F16
+        pend_n, hz = np.array([n]), np.zeros(8, np.int64)
+        acc = np.zeros((1, 8, lanes), np.uint32)
+        ok = mxm.flush(0, w[None], wnorm[None], wcols[None], np.array([D_F16]), pend_x, pend_meta, pend_n,
+                        np.zeros((core.ABC_BATCH, lanes)), np.zeros(lanes, np.int64), acc, n * lanes * lanes, hz)
+        assert ok != handed and (hz[0] == core.H_FLUSH) == handed
+        assert pend_n[0] == (n if handed else 0)
+        if not handed:
+            assert np.array_equal(_bits(acc[0, :n].view(np.float32)), _bits(reference(x[:n], w)))
+
+
 # ---- whole programs: the bulk path changes no bit ------------------------------------------------
 def _same_bits(a, b):
     for name in a:
