@@ -74,7 +74,7 @@ def _earliest(i0, i1, floor, off, r_ptr, r_data, w_ptr, w_data, a_ptr, a_data, s
     return T
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def earliest_of(c, ins_ptr, hint, hint_delta, off, r_ptr, r_data, w_ptr, w_data, a_ptr, a_data,
                 slot_w, slot_r, markers, hints):
     """The earliest anchor chain c may have now (data, markers, its hint), as `place` finds it."""
@@ -167,11 +167,9 @@ def place(c0, ins_ptr, grp_ptr, hint, hint_delta, g_dir, g_koff, g_w,
         for a in range(g0, g1):
             maxkoff = max(maxkoff, g_koff[a])
             minkoff = min(minkoff, g_koff[a])
-        floor = 0
         h = hint[c]
-        if h >= 0 and hints[h] != NONE and hints[h] + hint_delta[c] > floor:
-            floor = hints[h] + hint_delta[c]
-        T = _earliest(i0, i1, floor, off, r_ptr, r_data, w_ptr, w_data, a_ptr, a_data, slot_w, slot_r, markers)
+        T = earliest_of(c, ins_ptr, hint, hint_delta, off, r_ptr, r_data, w_ptr, w_data, a_ptr, a_data,
+                        slot_w, slot_r, markers, hints)
         E = T
         limit = T + SEARCH
         placed = False
@@ -291,7 +289,6 @@ def place(c0, ins_ptr, grp_ptr, hint, hint_delta, g_dir, g_koff, g_w,
             break
         if not placed:
             return STUCK, c, T
-        # commit
         # commit; the window of cells this chain's search looked at: anchors E..T
         out_e[c] = E
         for a in range(g0, g1):

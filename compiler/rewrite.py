@@ -185,6 +185,7 @@ def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
     m: dict[int, int] = {}          # old id -> new id (region nodes: their transposed version)
     tcache: dict[int, int] = {}     # old id -> new id of its transpose
     masks: dict = {}                # (shape, offset, dtype) -> new ids of a causal mask's constants
+    ones_of: dict = {}              # (rows, columns, sum_key) -> new id of a sum's ones constant
     sum_key = _trip_ordinals(g, sums)
 
     def add(op, inputs, shape, dtype, attrs, like):
@@ -270,11 +271,11 @@ def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
             x = g.node(n.inputs[0])
             wide = _splat_ok(g, n, lanes)
             shape = (n.shape[0], lanes) if wide else n.shape
-            key = ("ones", x.shape[-1], shape[-1], sum_key[n.id])     # the k-th sum of each loop trip: one constant
-            if key not in masks:
-                masks[key] = add("const", (), (x.shape[-1], shape[-1]), "f16",
-                                 {"value": np.ones((x.shape[-1], shape[-1]), np.float16)}, n)
-            ones = masks[key]
+            key = (x.shape[-1], shape[-1], sum_key[n.id])     # the k-th sum of each loop trip: one constant
+            if key not in ones_of:
+                ones_of[key] = add("const", (), (x.shape[-1], shape[-1]), "f16",
+                                   {"value": np.ones((x.shape[-1], shape[-1]), np.float16)}, n)
+            ones = ones_of[key]
             r = add("matmul", (m[x.id], ones), shape, "f32", {}, n)
             if n.op == "mean":
                 c = add("const", (), (), "f32", {"value": np.array(x.shape[-1], np.float32)}, n)

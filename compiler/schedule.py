@@ -26,7 +26,7 @@ import numpy as np
 from lpu.compiler import place_core as P
 from lpu.compiler import segments as SG
 from lpu.compiler.chainspec import Chain, ChainArrays, Flat, Ins, Registry, Rows, encode  # noqa: F401  (Ins: the contract)
-from lpu.isa.opcodes import NARGS, OPS, latency_table
+from lpu.isa.opcodes import OPS, latency_table
 
 BATCH = 1 << 15     # instructions buffered before a batch is placed
 _NO = np.zeros(0, np.int64)
@@ -34,8 +34,7 @@ _NO = np.zeros(0, np.int64)
 
 class Placed:
     """Placed instructions: cycle, queue, op, args, line, node per instruction, in chain
-    order. Each placed batch's arrays are kept as they are (no copy per batch) and joined
-    column by column by `take`."""
+    order, as the placed batches' arrays (no copy per batch; codegen.by_queue joins them)."""
 
     COLS = (("cycle", np.int64), ("queue", np.int32), ("op", np.int32), ("args", np.int32),
             ("line", np.int32), ("node", np.int32))
@@ -47,22 +46,6 @@ class Placed:
     def add(self, *values):
         self.parts.append([np.asarray(v, dt) for v, (_, dt) in zip(values, self.COLS)])
         self.n += len(values[0])
-
-    def take(self):
-        """The arrays in chain order; the Placed is empty afterwards (each column's batches are
-        freed as soon as the column is joined, so the peak is the whole plus one column)."""
-        parts = self.take_parts()
-        out = []
-        for k, (name, dt) in enumerate(self.COLS):
-            cols = [p[k] for p in parts]
-            if not cols:
-                out.append(np.zeros((0, NARGS) if name == "args" else 0, dt))
-            else:
-                out.append(np.concatenate(cols) if len(cols) > 1 else cols[0])
-            for p in parts:
-                p[k] = None
-            del cols
-        return tuple(out)
 
     def take_parts(self) -> list:
         """The batches as placed ([cycle, queue, op, args, line, node] each); the Placed is
@@ -92,7 +75,7 @@ class Scheduler:
         self.markers = np.full(0, P.NONE, np.int64)
         self.hints = np.full(0, P.NONE, np.int64)
         # [last issue + latency, busy end, this segment's window: rows lo, hi, stream keys lo, hi, stream end]
-        self.state = np.array([-1, 0, SG.BIG, -SG.BIG, SG.BIG, -SG.BIG, 0], np.int64)
+        self.state = np.array([-1, 0, *SG.NO_WINDOW, 0], np.int64)
         self.seg: SG.Segment | None = None
         self.placed_again = 0       # chains placed as their twin in the trip before, shifted
         self.pending: list = []
@@ -134,7 +117,7 @@ class Scheduler:
         if twin is not None:
             twin.twin = None
         self.seg = SG.Segment(loop, trip, twin)
-        self.state[2:6] = (SG.BIG, -SG.BIG, SG.BIG, -SG.BIG)
+        self.state[2:6] = SG.NO_WINDOW
 
     def _close_segment(self):
         seg, self.seg = self.seg, None
@@ -181,7 +164,7 @@ class Scheduler:
             again = tw is not None and (j == 0 or SG.same_chains(a, tw[0]))
             seg.again = again
         _, tw_e, tw_cycle, tw_queue, tw_sid = tw if again else (None,) + (_NO,) * 4
-        searched_from = 0 if not again else a.n_chains
+        n_again = a.n_chains if again else 0      # chains placed as the twin's (FAR: up to c)
         while c < a.n_chains:
             status, c, need = P.place(
                 c, a.ins_ptr, a.grp_ptr, a.hint, a.hint_delta, a.g_dir, a.g_koff, a.g_w,
@@ -197,7 +180,7 @@ class Scheduler:
                 continue
             if status == P.FAR:          # from here on the segment is searched
                 again = seg.again = False
-                searched_from = c
+                n_again = c
                 continue
             line = int(a.line[c])
             names = [OPS[int(o)].name for o in a.op[a.ins_ptr[c]:a.ins_ptr[c + 1]]]
@@ -207,7 +190,7 @@ class Scheduler:
             raise AssertionError(f"scheduler: no cycle found for a chain of DSL line {line} ({names})")
         if seg is not None:
             seg.batches.append((a, out_e, out_cycle, out_queue, out_sid))
-        self.placed_again += searched_from
+        self.placed_again += n_again
         counts = np.diff(a.ins_ptr)
         self.out.add(out_cycle, out_queue, a.op, a.args, np.repeat(a.line, counts), np.repeat(a.node, counts))
 
@@ -219,7 +202,7 @@ class Scheduler:
         self.cap = cap
 
     def take_placed(self) -> Placed:
-        """Every placed instruction (`.take()` gives the arrays); the scheduler's tables are
+        """Every placed instruction (`.take_parts()` gives the batches); the scheduler's tables are
         released (it cannot place more)."""
         self.flush()
         self.seg = None

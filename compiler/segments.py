@@ -12,7 +12,7 @@ shifted by delta cycles, with no search, when that is where the search would put
   - the resource tables (queues, banks, streams) now, over every cell the twin's searches looked
     at, shifted by delta, equal the tables when the twin started (a snapshot taken then);
   - each chain's earliest anchor (data, markers, hint) lies between the twin's earliest anchor
-    and its anchor, both shifted by delta (`place_core.place_again`).
+    and its anchor, both shifted by delta (`place_core.place` with `again` set).
 
 By induction over the chains in order the tables stay equal over that window, so each search
 would look at the same cells, find the same ones busy, and stop at the same shifted anchor with
@@ -26,6 +26,7 @@ import numpy as np
 from lpu.compiler import place_core as P
 
 BIG = 1 << 60
+NO_WINDOW = (BIG, -BIG, BIG, -BIG)    # rows lo, hi, stream keys lo, hi before any chain widens them
 REACH = 1 << 16    # cycles before a loop's first trip its snapshot starts (a later trip's: its twin's window)
 
 # the fields of a ChainArrays batch the search reads (not slots, addresses, node, line)
