@@ -234,10 +234,13 @@ def _layer_ratio_and_size(b: "Bench", sec: str) -> list:
         full = b.compile("bert_base")
         with open(os.path.join(PROGRAMS, "bert_base.lpu")) as f:
             text = f.read()
+        # each the best of its runs (the full one: the suite's compile and one more), so that
+        # neither side pays a first run's cold memory alone
+        full_s = min(full.seconds, best_of(lambda: compile_source(text, "bert_base.lpu", {}, b.machine), 1))
         one_s = best_of(lambda: compile_source(text, "bert_base.lpu", {"L": 1}, b.machine), 3)
-        ratio = full.seconds / one_s      # the best of three for the small one: the ratio errs high
+        ratio = full_s / one_s
         out.append(item(sec, "bert_base compile(12 layers) / compile(1 layer)", round(ratio, 2), "x", "<= 2.5",
-                        ratio <= 2.5, one_s=round(one_s, 2), full_s=round(full.seconds, 2)))
+                        ratio <= 2.5, one_s=round(one_s, 2), full_s=round(full_s, 2)))
         size, records = len(encode(full.prog)), _record_bytes(full.prog)
         out.append(item(sec, "bert_base binary size", size, "bytes", None, None, instructions=len(full.prog.op)))
         out.append(item(sec, "bert_base binary: fixed records / .lpubin", round(records / size, 1), "x", ">= 10",

@@ -149,6 +149,22 @@ def test_compile_is_deterministic(tiny):
     assert encode(a) == encode(b)
 
 
+def test_compile_leaves_no_reference_cycles_per_chain(tsp):
+    """Lowering builds chains through recursive closures; left as reference cycles they held
+    every fused chain until a GC pass (25,965 objects for gpt2_block_prefill, 0.2 s of GC
+    after a bert_base compile). Now only the graph's own cycles remain."""
+    import gc
+    src = open(os.path.join(PROGRAMS, "gpt2_block_prefill.lpu")).read()
+    gc.collect()
+    gc.disable()
+    try:
+        prog, graph = compile_source(src, "g.lpu", {}, tsp)
+        del prog, graph
+        assert gc.collect() < 10_000
+    finally:
+        gc.enable()
+
+
 def test_i8_weights_widened_by_the_mxm(tiny):
     src = "input x : f16[3, 40]\nweight w : i8[40, 21]\noutput y = f16(x @ f16(w))\n"
     prog, res, chk = compile_run_check(src, tiny)
