@@ -11,57 +11,60 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+CYC, OP, LINE, NODE, ARGS = 0, 1, 2, 3, 4     # an instruction record's columns (int32), then its args
+
 
 @njit(cache=True)
-def find_runs(q, cyc, op, args, line, node, field):
-    """All columns sorted by queue, then cycle (`scatter_by_queue`, `sort_segments`). Returns (count, dist):
-    count[i] = copies that follow row i in its REPEAT (0: none), -1 where row i is such a copy."""
-    n = len(q)
+def find_runs(start, rec, field):
+    """rec: instruction records (CYC, OP, LINE, NODE, then the args), queue s's in rows
+    [start[s], start[s+1]) sorted by cycle (`scatter_by_queue`, `sort_segments`). Returns
+    (count, dist): count[i] = copies that follow row i in its REPEAT (0: none), -1 where row i
+    is such a copy."""
+    n, w = rec.shape
     count = np.zeros(n, np.int32)
     dist = np.zeros(n, np.int32)
-    i = 0
-    while i < n:
-        f = field[op[i]]
-        c, d = 0, 0
-        j = i + 1
-        while f >= 0 and j < n and q[j] == q[i]:
-            if op[j] != op[i] or line[j] != line[i] or node[j] != node[i]:
-                break
-            dd = cyc[j] - cyc[j - 1]
-            if c > 0 and dd != d:
-                break
-            same = args[j, f] == args[i, f] + c + 1
-            for k in range(args.shape[1]):
-                if k != f and args[j, k] != args[i, k]:
-                    same = False
-            if not same:
-                break
-            d = dd
-            c += 1
-            j += 1
-        if c >= 2 or (c == 1 and d > 1):      # shorter than the instructions (and NOPs) it replaces
-            count[i], dist[i] = c, d
-            for k in range(i + 1, i + c + 1):
-                count[k] = -1
-            i += c + 1
-        else:
-            i += 1
+    for s in range(len(start) - 1):
+        i, last = start[s], start[s + 1]
+        while i < last:
+            f = field[rec[i, OP]]
+            c, d = 0, 0
+            j = i + 1
+            while f >= 0 and j < last:
+                if rec[j, OP] != rec[i, OP] or rec[j, LINE] != rec[i, LINE] or rec[j, NODE] != rec[i, NODE]:
+                    break
+                dd = rec[j, CYC] - rec[j - 1, CYC]
+                if c > 0 and dd != d:
+                    break
+                same = rec[j, ARGS + f] == rec[i, ARGS + f] + c + 1
+                for k in range(ARGS, w):
+                    if k != ARGS + f and rec[j, k] != rec[i, k]:
+                        same = False
+                if not same:
+                    break
+                d = dd
+                c += 1
+                j += 1
+            if c >= 2 or (c == 1 and d > 1):      # shorter than the instructions (and NOPs) it replaces
+                count[i], dist[i] = c, d
+                for k in range(i + 1, i + c + 1):
+                    count[k] = -1
+                i += c + 1
+            else:
+                i += 1
     return count, dist
 
 
 @njit(cache=True)
-def scatter_by_queue(pos, q, cyc, op, args, line, node, oq, ocyc, oop, oargs, oline, onode):
-    """One batch of placed instructions appended to its queues' segments of the out columns
-    (pos[q]: the next free row of queue q's segment). Reads are sequential and each queue's
-    writes too, unlike a gather through a sorted order."""
-    nargs = args.shape[1]
+def scatter_by_queue(pos, q, rec, out):
+    """One batch of placed instructions (q[i], record rec[i]) appended to its queues' segments
+    of `out` (pos[q]: the next free row of queue q's segment). Reads are sequential and each
+    queue's writes too (a record is one row), unlike a gather through a sorted order."""
+    w = rec.shape[1]
     for i in range(len(q)):
-        qi = q[i]
-        d = pos[qi]
-        pos[qi] = d + 1
-        oq[d], ocyc[d], oop[d], oline[d], onode[d] = qi, cyc[i], op[i], line[i], node[i]
-        for k in range(nargs):
-            oargs[d, k] = args[i, k]
+        d = pos[q[i]]
+        pos[q[i]] = d + 1
+        for k in range(w):
+            out[d, k] = rec[i, k]
 
 
 @njit(cache=True)
@@ -94,51 +97,42 @@ def _cycle_order(c):
 
 
 @njit(cache=True)
-def sort_segments(start, cyc, op, args, line, node):
-    """Each queue's segment [start[q], start[q+1]) sorted by cycle in place (chain order is
-    nearly cycle order already: most segments need no sort). Returns the first row whose
-    queue issues twice in its cycle (-1 if none)."""
+def sort_segments(start, rec):
+    """Each queue's segment of records [start[q], start[q+1]) sorted by cycle in place.
+    Returns the first row whose queue issues twice in its cycle (-1 if none)."""
     for s in range(len(start) - 1):
         a, b = start[s], start[s + 1]
         ordered = True
         for j in range(a + 1, b):
-            if cyc[j] < cyc[j - 1]:
+            if rec[j, CYC] < rec[j - 1, CYC]:
                 ordered = False
                 break
         if not ordered:
-            perm = _cycle_order(cyc[a:b]) + a
-            cyc[a:b] = cyc[perm]
-            op[a:b] = op[perm]
-            line[a:b] = line[perm]
-            node[a:b] = node[perm]
-            args[a:b] = args[perm]
+            perm = _cycle_order(rec[a:b, CYC].astype(np.int64))
+            seg = rec[a:b].copy()
+            for j in range(b - a):
+                rec[a + j] = seg[perm[j]]
         for j in range(a + 1, b):
-            if cyc[j] == cyc[j - 1]:
+            if rec[j, CYC] == rec[j - 1, CYC]:
                 return j
     return -1
 
 
 @njit(cache=True)
-def stream_rows(q, cyc, op, args, line, node, count, dist, notify, nop, sync, repeat):
-    """The rows of every queue's stream: [SYNC] at the start of each used queue, [NOP gap]
-    before an instruction that does not follow its predecessor's end, the instruction, and
-    [REPEAT n d] after the first of a run (count > 0); row 0 is the ICU's NOTIFY. Columns
-    sorted by queue, then cycle."""
-    n = len(q)
+def stream_rows(start, rec, count, dist, notify, nop, sync, repeat):
+    """The rows of every queue's stream as columns (queue, op, args, line, node): [SYNC] at the
+    start of each used queue, [NOP gap] before an instruction that does not follow its
+    predecessor's end, the instruction, and [REPEAT n d] after the first of a run (count > 0);
+    row 0 is the ICU's NOTIFY."""
     rows = 1
-    prev_q, end = -1, 0
-    for i in range(n):
-        if count[i] < 0:
-            continue
-        a = i
-        if q[a] != prev_q:
-            rows += 1
-            prev_q, end = q[a], 0
-        if cyc[a] > end:
-            rows += 1
-        rows += 1 + (count[i] > 0)
-        end = cyc[a] + count[i] * dist[i] + 1
-    nargs = args.shape[1]
+    for s in range(len(start) - 1):
+        end = 0
+        for i in range(start[s], start[s + 1]):
+            if count[i] < 0:
+                continue
+            rows += (i == start[s]) + (rec[i, CYC] > end) + 1 + (count[i] > 0)
+            end = rec[i, CYC] + count[i] * dist[i] + 1
+    nargs = rec.shape[1] - ARGS
     out_q = np.zeros(rows, np.int32)
     out_op = np.zeros(rows, np.int32)
     out_args = np.zeros((rows, nargs), np.int32)
@@ -146,26 +140,25 @@ def stream_rows(q, cyc, op, args, line, node, count, dist, notify, nop, sync, re
     out_node = np.full(rows, -1, np.int32)
     out_op[0] = notify
     r = 1
-    prev_q, end = -1, 0
-    for i in range(n):
-        if count[i] < 0:
-            continue
-        a = i
-        qa = q[a]
-        if qa != prev_q:
-            out_q[r], out_op[r] = qa, sync
+    for s in range(len(start) - 1):
+        end = 0
+        for i in range(start[s], start[s + 1]):
+            if count[i] < 0:
+                continue
+            if i == start[s]:
+                out_q[r], out_op[r] = s, sync
+                r += 1
+            t = rec[i, CYC]
+            if t > end:
+                out_q[r], out_op[r], out_args[r, 0] = s, nop, t - end
+                r += 1
+            out_q[r], out_op[r], out_line[r], out_node[r] = s, rec[i, OP], rec[i, LINE], rec[i, NODE]
+            for k in range(nargs):
+                out_args[r, k] = rec[i, ARGS + k]
             r += 1
-            prev_q, end = qa, 0
-        if cyc[a] > end:
-            out_q[r], out_op[r], out_args[r, 0] = qa, nop, cyc[a] - end
-            r += 1
-        out_q[r], out_op[r], out_line[r], out_node[r] = qa, op[a], line[a], node[a]
-        for k in range(nargs):
-            out_args[r, k] = args[a, k]
-        r += 1
-        if count[i] > 0:
-            out_q[r], out_op[r], out_line[r], out_node[r] = qa, repeat, line[a], node[a]
-            out_args[r, 0], out_args[r, 1] = count[i], dist[i]
-            r += 1
-        end = cyc[a] + count[i] * dist[i] + 1
+            if count[i] > 0:
+                out_q[r], out_op[r], out_line[r], out_node[r] = s, repeat, rec[i, LINE], rec[i, NODE]
+                out_args[r, 0], out_args[r, 1] = count[i], dist[i]
+                r += 1
+            end = t + count[i] * dist[i] + 1
     return out_q, out_op, out_args, out_line, out_node

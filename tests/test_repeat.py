@@ -12,6 +12,7 @@ from hypothesis import given, strategies as st
 from lpu import api
 from lpu.compiler.driver import compile_graph
 from lpu.compiler.codegen import by_queue
+from lpu.compiler import repeat_core as RC
 from lpu.compiler.repeat_core import _cycle_order, find_runs
 from lpu.compiler.verify import verify
 from lpu.emulator.run import run
@@ -23,12 +24,13 @@ FIELD = np.array(O.REPEAT_FIELD, np.int64)
 
 def _runs(cyc, addr, q=None, line=None):
     n = len(cyc)
-    args = np.zeros((n, O.NARGS), np.int32)
-    args[:, 1] = addr                                     # READ: bank, addr, out
-    q = np.zeros(n, np.int64) if q is None else np.asarray(q, np.int64)
-    line = np.zeros(n, np.int32) if line is None else np.asarray(line, np.int32)
-    count, dist = find_runs(q, np.asarray(cyc, np.int64), np.full(n, O.READ, np.int32), args, line,
-                            np.zeros(n, np.int32), FIELD)
+    q = [0] * n if q is None else q
+    parts = [_part([c], [qq], [0]) for c, qq in zip(cyc, q)]
+    for (_, rec), a, ln in zip(parts, addr, [0] * n if line is None else line):
+        rec[0, RC.ARGS + 1] = a                           # READ: bank, addr, out
+        rec[0, RC.LINE] = ln
+    start, rec = by_queue(parts, [("q",)] * (max(q) + 1))
+    count, dist = find_runs(start, rec, FIELD)
     return count.tolist(), dist.tolist()
 
 
@@ -42,18 +44,18 @@ def test_find_runs_needs_constant_distance_and_step_one():
 
 def _part(cyc, q, tag):
     n = len(cyc)
-    args = np.zeros((n, O.NARGS), np.int32)
-    args[:, 0] = tag
-    return [np.asarray(cyc, np.int64), np.asarray(q, np.int32), np.full(n, O.READ, np.int32), args,
-            np.asarray(tag, np.int32), np.zeros(n, np.int32)]
+    rec = np.zeros((n, RC.ARGS + O.NARGS), np.int32)
+    rec[:, RC.CYC], rec[:, RC.OP], rec[:, RC.LINE], rec[:, RC.ARGS] = cyc, O.READ, tag, tag
+    return np.asarray(q, np.int32), rec
 
 
 def test_by_queue_sorts_each_queue_by_cycle_across_batches():
     queues = [("a",), ("b",), ("c",)]
     parts = [_part([5, 1, 9], [2, 0, 2], [0, 1, 2]), _part([3, 0, 7, 2], [0, 2, 2, 0], [3, 4, 5, 6])]
-    q, cyc, op, args, line, node = by_queue(parts, queues)
-    assert q.tolist() == [0, 0, 0, 2, 2, 2, 2] and cyc.tolist() == [1, 2, 3, 0, 5, 7, 9]
-    assert line.tolist() == [1, 6, 3, 4, 0, 5, 2] and args[:, 0].tolist() == line.tolist()   # rows move whole
+    start, rec = by_queue(parts, queues)
+    assert start.tolist() == [0, 3, 3, 7] and rec[:, RC.CYC].tolist() == [1, 2, 3, 0, 5, 7, 9]
+    assert rec[:, RC.LINE].tolist() == [1, 6, 3, 4, 0, 5, 2]
+    assert rec[:, RC.ARGS].tolist() == rec[:, RC.LINE].tolist()                      # rows move whole
     assert parts == []                                                                   # batches freed
 
 
