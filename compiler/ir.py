@@ -66,6 +66,7 @@ class IRGraph:
 
     def __init__(self, source_name: str = "<string>", source: str = ""):
         self.g = nx.DiGraph()
+        self._nodes: list[Node] = []      # by id: the same Nodes as g's attribute `n`, read fast
         self.source_name = source_name
         self.source = source
         self.decls: dict[str, int] = {}
@@ -76,25 +77,25 @@ class IRGraph:
 
     def add(self, op: str, inputs, shape, dtype: str, attrs=None, line: int = 0, col: int = 0) -> int:
         assert op in ops.OPS, op
-        nid = self.g.number_of_nodes()
+        nid = len(self._nodes)
         node = Node(nid, op, tuple(inputs), tuple(int(s) for s in shape), dtype, dict(attrs or {}), line, col)
         self.g.add_node(nid, n=node)
-        for i in node.inputs:
-            self.g.add_edge(i, nid)
+        self.g.add_edges_from((i, nid) for i in node.inputs)
+        self._nodes.append(node)
         return nid
 
     def node(self, nid: int) -> Node:
-        return self.g.nodes[nid]["n"]
+        return self._nodes[nid]
 
     def nodes(self):
         """All nodes in program order (inputs before users)."""
-        return [self.g.nodes[i]["n"] for i in sorted(self.g.nodes)]
+        return list(self._nodes)
 
     def users(self, nid: int) -> list[int]:
         return sorted(self.g.successors(nid))
 
     def __len__(self):
-        return self.g.number_of_nodes()
+        return len(self._nodes)
 
     def leaves(self, kind: str) -> list[Node]:
         return [n for n in self.nodes() if n.op == kind]
