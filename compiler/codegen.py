@@ -36,19 +36,21 @@ def codegen(machine, placed, symbols, tables, nodes, predicted, source_name="", 
 
 
 def by_queue(parts: list, queues) -> tuple:
-    """The placed batches ((queues, records) each, schedule.Placed) as (start, rec): queue q's
-    records in rows [start[q], start[q+1]) of rec, sorted by cycle; each batch is freed once it
-    is copied. A queue that issues twice in one cycle is a scheduler bug."""
+    """The placed batches' columns (cycle, queue, op, args, line, node) as (start, rec): queue
+    q's instruction records in rows [start[q], start[q+1]) of rec, sorted by cycle; each batch
+    is freed once it is copied. A queue that issues twice in one cycle is a scheduler bug."""
     nq = len(queues)
     start = np.zeros(nq + 1, np.int64)
-    for q, _ in parts:
-        start[1:] += np.bincount(q, minlength=nq)
+    for p in parts:
+        start[1:] += np.bincount(p[1], minlength=nq)
     np.cumsum(start, out=start)
+    if any(len(p[0]) and int(p[0].max()) >= 1 << 31 for p in parts):
+        raise AssertionError("scheduler: a cycle beyond an instruction record's 31 bits")
     rec = np.empty((int(start[-1]), ARGS + O.NARGS), np.int32)
     pos = start[:-1].copy()
     while parts:
-        q, r = parts.pop(0)
-        scatter_by_queue(pos, q, r, rec)
+        c, q, o, a, ln, nd = parts.pop(0)
+        scatter_by_queue(pos, q, c, o, a, ln, nd, rec)
     twice = sort_segments(start, rec)
     if twice >= 0:
         q = int(np.searchsorted(start, twice, side="right")) - 1

@@ -55,16 +55,17 @@ def find_runs(start, rec, field):
 
 
 @njit(cache=True)
-def scatter_by_queue(pos, q, rec, out):
-    """One batch of placed instructions (q[i], record rec[i]) appended to its queues' segments
+def scatter_by_queue(pos, q, cyc, op, args, line, node, out):
+    """One batch of placed instructions (columns) appended as records to its queues' segments
     of `out` (pos[q]: the next free row of queue q's segment). Reads are sequential and each
     queue's writes too (a record is one row), unlike a gather through a sorted order."""
-    w = rec.shape[1]
+    nargs = args.shape[1]
     for i in range(len(q)):
         d = pos[q[i]]
         pos[q[i]] = d + 1
-        for k in range(w):
-            out[d, k] = rec[i, k]
+        out[d, CYC], out[d, OP], out[d, LINE], out[d, NODE] = cyc[i], op[i], line[i], node[i]
+        for k in range(nargs):
+            out[d, ARGS + k] = args[i, k]
 
 
 @njit(cache=True)

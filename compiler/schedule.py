@@ -24,7 +24,6 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import place_core as P
-from lpu.compiler import repeat_core as RC
 from lpu.compiler import segments as SG
 from lpu.compiler.chainspec import Chain, ChainArrays, Flat, Ins, Registry, Rows, encode  # noqa: F401  (Ins: the contract)
 from lpu.isa.opcodes import OPS, latency_table
@@ -34,26 +33,23 @@ _NO = np.zeros(0, np.int64)
 
 
 class Placed:
-    """Placed instructions in chain order, as the placed batches: (queue, records) each, a
-    record one int32 row (cycle, op, line, node, args: repeat_core's columns; no copy per
-    batch beyond this one, codegen.by_queue joins them)."""
+    """Placed instructions: cycle, queue, op, args, line, node per instruction, in chain
+    order, as the placed batches' arrays (no copy per batch; codegen.by_queue joins them)."""
+
+    COLS = (("cycle", np.int64), ("queue", np.int32), ("op", np.int32), ("args", np.int32),
+            ("line", np.int32), ("node", np.int32))
 
     def __init__(self):
         self.n = 0
         self.parts: list = []
 
-    def add(self, cycle, queue, op, args, line, node):
-        cycle = np.asarray(cycle)
-        if len(cycle) and int(cycle.max()) >= 1 << 31:
-            raise AssertionError(f"scheduler: cycle {int(cycle.max())} beyond a record's 31 bits")
-        rec = np.empty((len(cycle), RC.ARGS + np.shape(args)[1]), np.int32)
-        rec[:, RC.CYC], rec[:, RC.OP], rec[:, RC.LINE], rec[:, RC.NODE] = cycle, op, line, node
-        rec[:, RC.ARGS:] = args
-        self.parts.append((np.asarray(queue, np.int32), rec))
-        self.n += len(cycle)
+    def add(self, *values):
+        self.parts.append([np.asarray(v, dt) for v, (_, dt) in zip(values, self.COLS)])
+        self.n += len(values[0])
 
     def take_parts(self) -> list:
-        """The batches as placed ((queue, records) each); the Placed is empty afterwards."""
+        """The batches as placed ([cycle, queue, op, args, line, node] each); the Placed is
+        empty afterwards."""
         parts, self.parts, self.n = self.parts, [], 0
         return parts
 

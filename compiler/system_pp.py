@@ -30,7 +30,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from lpu.compiler import partition as P
-from lpu.compiler import repeat_core as RC
 from lpu.compiler.chains import Ctx
 from lpu.compiler.driver import compile_graph
 from lpu.compiler.links import persistent_layout, place_recvs, place_sends, planes_of
@@ -222,13 +221,13 @@ def _placed_sends(sched, n0: int, m) -> dict:
     sched.flush()
     cyc, queue, op = [], [], []
     seen = 0
-    for q, rec in sched.out.parts:
-        n = len(q)
+    for part in sched.out.parts:
+        n = len(part[0])
         if seen + n > n0:
             a = max(0, n0 - seen)
-            cyc.append(rec[a:, RC.CYC])
-            queue.append(q[a:])
-            op.append(rec[a:, RC.OP])
+            cyc.append(part[0][a:])
+            queue.append(part[1][a:])
+            op.append(part[2][a:])
         seen += n
     if not cyc:
         return {}

@@ -12,7 +12,7 @@ from lpu.isa import opcodes as O
 
 def _placed(sched):
     parts = sched.take_placed().take_parts()
-    return [int(c) for p in parts for c in p[1][:, 0]], [int(q) for p in parts for q in p[0]]
+    return [int(c) for p in parts for c in p[0]], [int(q) for p in parts for q in p[1]]
 
 
 def _ins(q, off=0, **kw):

@@ -25,10 +25,11 @@ FIELD = np.array(O.REPEAT_FIELD, np.int64)
 def _runs(cyc, addr, q=None, line=None):
     n = len(cyc)
     q = [0] * n if q is None else q
-    parts = [_part([c], [qq], [0]) for c, qq in zip(cyc, q)]
-    for (_, rec), a, ln in zip(parts, addr, [0] * n if line is None else line):
-        rec[0, RC.ARGS + 1] = a                           # READ: bank, addr, out
-        rec[0, RC.LINE] = ln
+    line = [0] * n if line is None else line
+    parts = [_part([c], [qq], [ln]) for c, qq, ln in zip(cyc, q, line)]
+    for p, a in zip(parts, addr):
+        p[3][0, :] = 0
+        p[3][0, 1] = a                                    # READ: bank, addr, out
     start, rec = by_queue(parts, [("q",)] * (max(q) + 1))
     count, dist = find_runs(start, rec, FIELD)
     return count.tolist(), dist.tolist()
@@ -44,9 +45,10 @@ def test_find_runs_needs_constant_distance_and_step_one():
 
 def _part(cyc, q, tag):
     n = len(cyc)
-    rec = np.zeros((n, RC.ARGS + O.NARGS), np.int32)
-    rec[:, RC.CYC], rec[:, RC.OP], rec[:, RC.LINE], rec[:, RC.ARGS] = cyc, O.READ, tag, tag
-    return np.asarray(q, np.int32), rec
+    args = np.zeros((n, O.NARGS), np.int32)
+    args[:, 0] = tag
+    return [np.asarray(cyc, np.int64), np.asarray(q, np.int32), np.full(n, O.READ, np.int32), args,
+            np.asarray(tag, np.int32), np.zeros(n, np.int32)]
 
 
 def test_by_queue_sorts_each_queue_by_cycle_across_batches():
