@@ -3,19 +3,28 @@ make_validation.py; validation.toml holds 8 token counts of the 261 the CSVs giv
 of microsoft/vidur:
 
     python gpu_baseline/data/vidur_bands.py VIDUR_CLONE [TOKENS ...]
+    python gpu_baseline/data/vidur_bands.py VIDUR_CLONE --all
+
 
 Per GPU and op: the rows, how many take over 10% (ENVELOPE_SLACK) more than the least time the CSV
 gives for as many rows or more (the envelope: a library that ran more rows faster could have run
 these as fast; make_validation.py excludes the validation rows that far above it), the model's
 median |error| against the rows and against the envelope, and which token counts lie beyond 25% of
-each; then row, envelope and model at TOKENS (default 128 256)."""
+each; then row, envelope and model at TOKENS (default 128 256). --all: every linear of every
+model's CSV (all models, all TP degrees; shapes from the CSV's own columns), the model's signed and
+absolute median error per band of token counts, and in the 65-128 band per band of N: whether a
+miss is the row's or the model's across shapes."""
 from __future__ import annotations
 
+import csv
+import io
 import statistics
+import subprocess
 import sys
 
 from lpu.gpu_baseline import workloads
-from lpu.gpu_baseline.data.make_validation import ENVELOPE_SLACK, L7, VIDUR_GPU, linear_shapes, med_us, vidur_rows
+from lpu.gpu_baseline.data.make_validation import (ENVELOPE_SLACK, L7, VIDUR_COMMIT, VIDUR_GPU, linear_shapes, med_us,
+                                                   vidur_rows)
 from lpu.gpu_baseline.gpus import load_gpu
 from lpu.gpu_baseline.model import cost_graph
 
@@ -32,6 +41,44 @@ def bands(clone: str, vg: str, op: str):
         out[t] = (meas[t], least, cost_graph(workloads.linear(k, n, m_rows=t), gpu, launch="none",
                                              inputs_in_l2=True).total_us)
     return dict(sorted(out.items()))
+
+
+M_BANDS = ((1, 64), (65, 128), (129, 256), (257, 512), (513, 1024), (1025, 2048), (2049, 4096))
+N_BANDS = ((1, 5120), (5121, 11008), (11009, 1 << 20))
+
+
+def all_linears(clone: str, vg: str) -> list:
+    """(tokens, K, N, measured us) of every linear of every model and TP degree in Vidur's CSVs."""
+    ls = subprocess.run(["git", "-C", clone, "ls-tree", "-r", "--name-only", VIDUR_COMMIT,
+                         f"data/profiling/compute/{vg}"], capture_output=True, text=True, check=True).stdout
+    by: dict = {}
+    for path in (p for p in ls.split() if p.endswith("/mlp.csv")):
+        txt = subprocess.run(["git", "-C", clone, "show", f"{VIDUR_COMMIT}:{path}"], capture_output=True,
+                             text=True, check=True).stdout
+        for r in csv.DictReader(io.StringIO(txt)):
+            d, h, f = int(r["n_embd"]), int(r["n_head"]), int(r["n_expanded_embd"])
+            t, tp = int(r["num_tokens"]), int(r["num_tensor_parallel_workers"])
+            up = (2 if r["use_gated_mlp"] == "True" else 1) * f     # gate and up in one GEMM when gated
+            shapes = {"attn_pre_proj": (d, (d + 2 * int(r["n_kv_head"]) * (d // h)) // tp),
+                      "attn_post_proj": (d // tp, d), "mlp_up_proj": (d, up // tp), "mlp_down_proj": (f // tp, d)}
+            for op, (k, n) in shapes.items():
+                if r.get(f"time_stats.{op}.median"):
+                    by.setdefault((path, t, k, n, op), []).append(r)
+    return [(t, k, n, med_us(rows, op)) for (_, t, k, n, op), rows in by.items()]
+
+
+def profile(clone: str, vg: str):
+    gpu = load_gpu(VIDUR_GPU[vg])
+    errs = [(t, n, cost_graph(workloads.linear(k, n, m_rows=t), gpu, launch="none", inputs_in_l2=True).total_us / us - 1)
+            for t, k, n, us in all_linears(clone, vg)]
+    print(f"{vg}: {len(errs)} linear rows (every model and TP degree of the CSVs)")
+    for lo, hi in M_BANDS:
+        e = [x for t, _, x in errs if lo <= t <= hi]
+        print(f"    tokens {lo:>4}-{hi:<4}: {len(e):5d} rows, median error {100 * statistics.median(e):+5.1f}%, "
+              f"median |error| {100 * statistics.median(map(abs, e)):4.1f}%, beyond 25%: {sum(abs(x) > 0.25 for x in e)}")
+    for lo, hi in N_BANDS:
+        e = [x for t, n, x in errs if 65 <= t <= 128 and lo <= n <= hi]
+        print(f"    tokens 65-128, N {lo}-{hi}: {len(e)} rows, median error {100 * statistics.median(e):+5.1f}%")
 
 
 def main(clone: str, tokens=(128, 256)):
@@ -54,4 +101,8 @@ def main(clone: str, tokens=(128, 256)):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], tuple(int(t) for t in sys.argv[2:]) or (128, 256))
+    if sys.argv[2:] == ["--all"]:
+        for vg in VIDUR_GPU:
+            profile(sys.argv[1], vg)
+    else:
+        main(sys.argv[1], tuple(int(t) for t in sys.argv[2:]) or (128, 256))
