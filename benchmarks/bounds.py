@@ -10,7 +10,7 @@ from what the machine could do. Each bound is a number no correct schedule can b
   1 + icu_skew): the busiest plane does at least the average work between the two.
 - vxm: every elementwise op, mask, rope and reduction handles each of its 320-lane vectors (rows
   x ceil(last dim / lanes)) on one VXM ALU for at least one cycle: vectors / vxm_alus. Casts and
-  shape ops are free (they can fold into loads, conversions on LW, or addressing).
+  shape ops are not counted here (a cast can fold into the VXM op that makes its operand).
 - sram and stream: every byte of a declared tensor that the program reads (slices count only
   the region they read; the old version of a stored state is not read) and every byte it
   writes (outputs, stored regions) leaves or enters a MEM slice and crosses a stream at least
@@ -19,15 +19,29 @@ from what the machine could do. Each bound is a number no correct schedule can b
   config ([latency]: mem_read for a leaf, vxm or vxm_transcendental, mxm_abc + mxm_acc for a
   matmul, for a lane reduction one SXM round trip (every shifted copy can travel in it) and a
   tree of VXM steps), plus the hops a value must travel between the units' positions on the
-  floorplan (VXM <-> MXM, VXM <-> SXM), plus 1 + icu_skew
-  at the end (the emulator's cycle count). A lane-axis sum may also go through the MXM (a matmul
-  with a ones vector): the cheaper of the two counts. Like the vxm bound, this takes vectors to
-  hold rows of the last axis; a schedule that lays a reduced axis across vectors needs no SXM
-  trip there (the tests check that no compiled program or reduction beats the bound).
+  floorplan (VXM <-> MXM, VXM <-> SXM), plus 1 + icu_skew at the end (the emulator's cycle
+  count). A lane-axis sum may also go through the MXM (a matmul with a ones vector): the cheaper
+  of the two counts.
   Each tensor's last vector is followed too: a matmul's last row issues no earlier than its
-  MACs / macs_per_cycle cycles after its first, and weights that are computed (k.T in q @ k.T,
-  v in p @ v) are installed only after their last row is made (then an LW and an IW), or
+  first plus its MACs / macs_per_cycle, or plus its left operand's elements (rows x K) over the
+  MXM's input lanes a cycle (macs_per_cycle / lanes: an f16 pair takes 160 a cycle, whatever
+  the width of its output), whichever is more; weights that are computed (k.T in q @ k.T, v in
+  p @ v) are installed only after their last row is made (then an LW and an IW), or
   min(rows, columns) / lw_ports_per_plane LW cycles after their first row, whichever is later.
+  Conversions: ACC puts an f32 (i32) accumulator row on a stream, LW and ABC take f16 or i8, and
+  only VXM ops convert, so a product's cast to another dtype (or an f32 product used as an MXM
+  operand, rounded to f16) travels to the VXM (and back to the MXM): 2 x the hops + vxm.
+  Layouts: a tensor may lie as rows (its last axis across the lanes) or transposed (its last
+  axis across vectors); the path follows both (first and last row; the whole tensor
+  transposed). A lane reduction of a transposed tensor is a tree of VXM steps between vectors,
+  its result one VXM step after the last vector is in; elementwise ops keep either layout; a
+  matmul C = A @ B is made as rows (A's rows through the inputs, B installed) or transposed
+  (C.T = B.T @ A.T: B's columns through the inputs, A installed transposed); the SXM turns one
+  layout into the other in a round trip, and a declared tensor (written as rows by the loader)
+  becomes transposed through the SXM or the MXM (an identity product); outputs end as rows.
+  A joined head's product concat(f16(p_h @ v_h)) @ W may run as sum_h p_h @ f16(v_h @ W_h)
+  (compiler/rewrite_pack.split_joins): v_h @ W_h made and rounded first, then the p_h's rows.
+  (The tests check that no compiled program or reduction beats the bound.)
 
 The program's bound is the largest of these."""
 from __future__ import annotations
@@ -37,7 +51,7 @@ import math
 import numpy as np
 
 from lpu.compiler.ir import IRGraph, Node
-from lpu.compiler.ops import LEAVES, OPS, REDUCE
+from lpu.compiler.ops import ELEMENTWISE as ops_ELEMENTWISE, LEAVES, OPS, REDUCE
 from lpu.isa.dtypes import dtype_width
 from lpu.isa.machine import MachineConfig
 
@@ -57,6 +71,16 @@ def matmul_macs(graph: IRGraph, n: Node) -> int:
     a = graph.node(n.inputs[0])
     k = a.shape[-1]
     return int(np.prod(n.shape, dtype=np.int64)) * k
+
+
+def matmul_rows_cycles(graph: IRGraph, n: Node, m: MachineConfig) -> int:
+    """Cycles from a matmul's first ABC to its last at least: its MACs at the MXM's rate, and its
+    left operand's elements (rows x K) through the MXM's inputs, lanes per plane pass of
+    macs_per_cycle / lanes MACs (an f16 pair takes 160 lanes a cycle, an i8 plane 320): a
+    product narrower than the lanes uses the pass's inputs but not all its columns (two rows
+    share a pass only by sharing its input lanes)."""
+    inputs = matmul_macs(graph, n) // max(1, n.shape[-1]) if n.shape else 0
+    return math.ceil(max(matmul_macs(graph, n), inputs * m.lanes) / m.macs_per_cycle(matmul_rate_dtype(graph, n)))
 
 
 def matmul_rate_dtype(graph: IRGraph, n: Node) -> str:
@@ -139,50 +163,126 @@ def _drops_rows(graph: IRGraph, n: Node) -> bool:
     return False
 
 
+MXM_DTYPES = ("f16", "bf16", "i8")     # what LW and ABC take from a stream
+
+
+def _absorbable(graph: IRGraph, n: Node, place: dict) -> list:
+    """[(p_h, v_h)] where n = A @ W, W read from SRAM (weights: place mem) and A = f16(p @ v)
+    or concat(f16(p_h @ v_h), axis=-1) (attention heads joined): the compiler may compute n as
+    sum_h p_h @ (v_h @ W_h) (compiler/rewrite_pack.split_joins); else []."""
+    a, w = (graph.node(i) for i in n.inputs)
+    if place[w.id] != "mem" or len(n.shape) != 2:
+        return []
+    parts = a.inputs if a.op == "concat" and a.attrs["axis"] in (-1, len(a.shape) - 1) else (a.id,)
+    out = []
+    for i in parts:
+        x = graph.node(i)
+        if x.op != "cast" or graph.node(x.inputs[0]).op != "matmul" or len(x.shape) != 2:
+            return []
+        out.append(tuple(graph.node(x.inputs[0]).inputs))
+    return out
+
+
+def _leaf_transposed(n: Node, m: MachineConfig, trip: int, d_mxm: int) -> int:
+    """Cycles after its read before a declared tensor (held as rows: the loader writes vectors of
+    its last axis) can lie transposed: through the SXM and back, or through the MXM (its rows
+    installed transposed, an identity's w rows of w lanes through the inputs, the products to
+    the VXM). (Constants are the compiler's: any layout.)"""
+    if len(n.shape) < 1:
+        return 0
+    w = n.shape[-1]
+    rows = int(np.prod(n.shape[:-1], dtype=np.int64)) if len(n.shape) > 1 else 1
+    lat = m.latency
+    mxm = (math.ceil(min(rows, m.lanes) / m.lw_ports_per_plane) + 1
+           + math.ceil(w * w * m.lanes / m.macs_per_cycle("f16")) + lat["mxm_abc"] + lat["mxm_acc"] + d_mxm)
+    return min(trip, mxm)
+
+
 def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = None) -> int:
     """The critical path bound; `first_matmul`, if given, receives the earliest cycle any matmul
-    can issue its first ABC (activations ready, weights read and installed)."""
+    can issue its first ABC (activations ready, weights read and installed). Each tensor has
+    three times: its first and last vector laid out as rows (rf, rl), and the whole of it laid
+    out transposed (t: its last axis across vectors); the SXM turns one into the other in a trip."""
     lat = m.latency
     d_mxm = min(abs(m.vxm_pos - m.mxm_pos(p)) for p in range(m.mxm_planes))
     d_sxm = min(abs(m.vxm_pos - m.sxm_pos(h)) for h in range(2))
-    finish: dict[int, int] = {}
-    last: dict[int, int] = {}        # the same for the tensor's last vector (a computed matmul's
-    place: dict[int, str] = {}       # rows take MACs / macs_per_cycle cycles at least)
+    conv = 2 * d_mxm + lat["vxm"]    # an accumulator row to the VXM, converted, and back
+    trip = 2 * d_sxm + lat["sxm"]    # vectors to the SXM, transposed, and back
+    d_mm = lat["mxm_abc"] + lat["mxm_acc"]
+    rf: dict[int, int] = {}
+    rl: dict[int, int] = {}
+    t: dict[int, int] = {}
+    place: dict[int, str] = {}
+
+    def hop(i, p):
+        if {place[i], p} == {"mxm", "vxm"}:
+            return d_mxm
+        if p == "mxm" and place[i] == "mxm" and graph.node(i).dtype not in MXM_DTYPES:
+            return conv              # a product's f32 rounded to f16 by the VXM before the next
+        return 0
+
+    def weights(b, rows, lw):
+        """When the weights b can be installed: read from SRAM, or computed (LWs and an IW after
+        the last of its rows, or after the whole of it transposed: a transposed install)."""
+        ready = lat["mem_read"] + math.ceil(min(rows, m.lanes) / m.lw_ports_per_plane) + 1
+        if place[b] != "mem":
+            ready = max(ready, min(max(rf[b] + lw - 1, rl[b]), t[b]) + hop(b, "mxm") + 2)
+        return ready
+
     for n in graph.nodes():
         p = _place(n)
         if n.op in LEAVES:
-            finish[n.id] = last[n.id] = lat["mem_read"] if n.op != "const" else 0
+            rf[n.id] = rl[n.id] = lat["mem_read"] if n.op != "const" else 0
+            t[n.id] = rf[n.id] + _leaf_transposed(n, m, trip, d_mxm) if n.op != "const" else 0
             place[n.id] = p
             continue
-        ready = ready_last = 0
-        srcs = []
-        for i in n.inputs:
-            hop = d_mxm if {place[i], p} == {"mxm", "vxm"} else 0
-            ready = max(ready, finish[i] + hop)
-            ready_last = max(ready_last, last[i] + hop)
-            srcs.append(place[i])
+        if n.op == "cast" and place[n.inputs[0]] == "mxm" and n.dtype != graph.node(n.inputs[0]).dtype:
+            p = "vxm"        # only a VXM op converts an accumulator's f32 or i32 (see above)
+        a_f = max((rf[i] + hop(i, p) for i in n.inputs), default=0)
+        a_l = max((rl[i] + hop(i, p) for i in n.inputs), default=0)
+        a_t = max((t[i] + hop(i, p) for i in n.inputs), default=0)
         if p == "free":
-            finish[n.id], last[n.id] = ready, ready_last
-            if n.op == "slice" and _drops_rows(graph, n):
-                last[n.id] = ready           # (some rows only: their last is not followed)
+            shape = n.shape
+            if n.op == "transpose" and len(shape) >= 2 and tuple(n.attrs["perm"][-2:]) == (len(shape) - 1, len(shape) - 2):
+                f, l, tt = a_t, a_t, a_l         # x.T's rows are x transposed, and the other way
+            else:
+                f, l, tt = a_f, a_l, a_t
+                if n.op == "slice" and _drops_rows(graph, n):
+                    l = f                        # (some rows only: their last is not followed)
+            rf[n.id], rl[n.id], t[n.id] = f, max(f, l), tt
             # a free op forwards its input's place (the value has not moved)
+            srcs = [place[i] for i in n.inputs]
             place[n.id] = next((s for s in srcs if s != "mem"), srcs[0] if srcs else "mem")
             continue
         if n.op == "matmul":
-            d = lat["mxm_abc"] + lat["mxm_acc"]
-            install = lat["mem_read"] + math.ceil(min(graph.node(n.inputs[1]).shape[-2], m.lanes)
-                                                  / m.lw_ports_per_plane) + 1
-            ready = max(ready, install)
-            b = n.inputs[1]
-            if place[b] != "mem":     # computed weights: installed (LWs, an IW) after their last row
-                lw = math.ceil(min(*graph.node(b).shape[-2:], m.lanes) / m.lw_ports_per_plane)
-                hop = d_mxm if place[b] == "vxm" else 0
-                ready = max(ready, max(finish[b] + lw - 1, last[b]) + hop + 2)
-            a = n.inputs[0]
-            work = math.ceil(matmul_macs(graph, n) / m.macs_per_cycle(matmul_rate_dtype(graph, n)))
-            ready_last = max(ready + work - 1, last[a] + (d_mxm if place[a] == "vxm" else 0), ready)
+            a, b = n.inputs
+            an, bn = graph.node(a), graph.node(b)
+            # as rows: A's rows through the MXM's inputs, B installed
+            ready = max(rf[a] + hop(a, p), weights(b, bn.shape[-2], math.ceil(
+                min(*bn.shape[-2:], m.lanes) / m.lw_ports_per_plane)))
+            work = matmul_rows_cycles(graph, n, m)
+            f = ready + d_mm
+            l = max(ready + work - 1, rl[a] + hop(a, p)) + d_mm
+            heads = _absorbable(graph, n, place)
+            if heads:                 # sum_h p_h @ f16(v_h @ W_h) (see above): v_h @ W_h made and
+                r = 0                 # rounded on the VXM, installed, the p_h through the inputs
+                for ph, vh in heads:
+                    vn = graph.node(vh)
+                    vw = vn.size * max(n.shape[-1], m.lanes) if len(vn.shape) == 2 else 0
+                    r = max(r, rf[ph] + hop(ph, p), min(rf[vh], t[vh]) + hop(vh, p) + d_mm + conv + 2
+                            + max(0, math.ceil(vw / m.macs_per_cycle("f16")) - 1))
+                w = math.ceil(sum(graph.node(ph).size for ph, _ in heads) * max(n.shape[-1], m.lanes)
+                              / m.macs_per_cycle("f16"))
+                ready, f = min(ready, r), min(f, r + d_mm)
+                l = min(l, max(r + w - 1, max(rl[ph] + hop(ph, p) for ph, _ in heads)) + d_mm)
+            # transposed (C.T = B.T @ A.T): B's columns through the inputs, A installed transposed
+            rows_a = an.shape[-2] if len(an.shape) >= 2 else 1
+            ready_t = max(t[b] + hop(b, p), weights(a, rows_a, math.ceil(min(rows_a, m.lanes) / m.lw_ports_per_plane)))
+            macs = matmul_macs(graph, n)
+            work_t = math.ceil(max(macs, macs // max(1, rows_a) * m.lanes) / m.macs_per_cycle(matmul_rate_dtype(graph, n)))
+            tt = ready_t + work_t - 1 + d_mm
             if first_matmul is not None:
-                first_matmul.append(ready)
+                first_matmul.append(min(ready, ready_t))
         elif n.op in REDUCE and n.attrs["axis"] == len(graph.node(n.inputs[0]).shape) - 1:
             width = graph.node(n.inputs[0]).shape[-1]
             levels = math.ceil(math.log2(min(width, m.lanes))) if width > 1 else 0
@@ -190,12 +290,19 @@ def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = 
             d = lat["vxm"] * (levels + 1) + (lat["sxm"] + 2 * d_sxm if levels else 0)
             if n.op != "max":     # a sum can also be a matmul with a ones vector
                 d = min(d, 2 * d_mxm + lat["mxm_abc"] + lat["mxm_acc"] + lat["vxm"])
+            f, l = a_f + d, max(a_f, a_l) + d
+            tt = a_t + lat["vxm"]  # the input transposed: VXM steps between vectors, the last one in
         else:                 # the dependent VXM steps of one vector (the op table's path)
             d = sum(lat[k] for k in OPS[n.op].path)
-        finish[n.id] = ready + d
-        last[n.id] = max(ready, ready_last) + d
+            f, l = a_f + d, max(a_f, a_l) + d
+            # element by element (or by position) in either layout; else transposed by the SXM
+            tt = a_t + d if n.op in ops_ELEMENTWISE or n.op in ("causal", "rope") else l + trip
+        tt = min(tt, l + trip)
+        rf[n.id] = min(f, tt + trip)
+        rl[n.id] = max(rf[n.id], min(l, tt + trip))
+        t[n.id] = tt
         place[n.id] = p
-    ends = [last[nid] for nid in graph.outputs.values()] + [last[nid] for nid in graph.final_states.values()]
+    ends = [rl[nid] for nid in graph.outputs.values()] + [rl[nid] for nid in graph.final_states.values()]
     return (max(ends) if ends else 0) + 1 + m.icu_skew
 
 
