@@ -32,16 +32,19 @@ from what the machine could do. Each bound is a number no correct schedule can b
   only VXM ops convert, so a product's cast to another dtype (or an f32 product used as an MXM
   operand, rounded to f16) travels to the VXM (and back to the MXM): 2 x the hops + vxm.
   Layouts: a tensor may lie as rows (its last axis across the lanes) or transposed (its last
-  axis across vectors); the path follows both (first and last row; the whole tensor
-  transposed). A lane reduction of a transposed tensor is a tree of VXM steps between vectors,
-  its result one VXM step after the last vector is in; elementwise ops keep either layout; a
-  matmul C = A @ B is made as rows (A's rows through the inputs, B installed) or transposed
-  (C.T = B.T @ A.T: B's columns through the inputs, A installed transposed); the SXM turns one
-  layout into the other in a round trip, and a declared tensor (written as rows by the loader)
-  becomes transposed through the SXM or the MXM (an identity product); outputs end as rows.
+  axis across vectors); the path follows both (first and last row; first and last vector
+  transposed). A lane reduction of a transposed tensor is a tree of VXM steps between vectors;
+  elementwise ops keep either layout; a matmul C = A @ B is made as rows (A's rows through the
+  inputs, B installed) or transposed (C.T = B.T @ A.T: B's columns through the inputs, A
+  installed transposed); the SXM copies a tensor into the other layout (its vectors out at most
+  2 x sxm_queues_per_hemisphere a cycle), and the copy goes on from the SXM's position (to the
+  MXM next to it, say); views (slices, reshapes, transposes) look through to their inputs; a
+  declared tensor is written as rows by the loader; outputs end as rows.
   A joined head's product concat(f16(p_h @ v_h)) @ W may run as sum_h p_h @ f16(v_h @ W_h)
   (compiler/rewrite_pack.split_joins): v_h @ W_h made and rounded first, then the p_h's rows.
-  (The tests check that no compiled program or reduction beats the bound.)
+  Nodes that no output, store or final state needs are dropped by the compiler: no bound counts
+  their work.
+  (The tests check that no compiled program, random program or reduction beats the bound.)
 
 The program's bound is the largest of these."""
 from __future__ import annotations
@@ -88,8 +91,8 @@ def matmul_rate_dtype(graph: IRGraph, n: Node) -> str:
     return "i8" if a.dtype == "i8" and b.dtype == "i8" else "f16"
 
 
-def _leaf_bytes_read(graph: IRGraph, leaf: Node) -> int:
-    """Bytes of `leaf` that some op reads: the union of the regions read through chains of
+def _leaf_bytes_read(graph: IRGraph, leaf: Node, live: set) -> int:
+    """Bytes of `leaf` that some live op reads: the union of the regions read through chains of
     slices (a store's old-version operand is not a read)."""
     shape = leaf.shape
     regions: list[tuple] = []
@@ -99,7 +102,7 @@ def _leaf_bytes_read(graph: IRGraph, leaf: Node) -> int:
         nonlocal whole
         for u in graph.users(nid):
             n = graph.node(u)
-            if n.op == "store" and n.inputs[0] == nid and n.inputs[1] != nid:
+            if u not in live or n.op == "store" and n.inputs[0] == nid and n.inputs[1] != nid:
                 continue
             if n.op == "slice":
                 nb, na = list(box), []
@@ -131,9 +134,23 @@ def _leaf_bytes_read(graph: IRGraph, leaf: Node) -> int:
     return n * dtype_width(leaf.dtype)
 
 
+def live_nodes(graph: IRGraph) -> set:
+    """Nodes an output, a store or a final state depends on (the compiler drops the others:
+    their work is not counted)."""
+    todo = [n.id for n in graph.nodes() if n.op in ("output", "store")] + list(graph.final_states.values())
+    live: set = set()
+    while todo:
+        i = todo.pop()
+        if i not in live:
+            live.add(i)
+            todo.extend(graph.node(i).inputs)
+    return live
+
+
 def traffic(graph: IRGraph) -> tuple[int, int]:
     """(bytes read from declared tensors, bytes written to outputs and stored regions)."""
-    read = sum(_leaf_bytes_read(graph, n) for n in graph.nodes() if n.op in ("input", "weight", "state"))
+    live = live_nodes(graph)
+    read = sum(_leaf_bytes_read(graph, n, live) for n in graph.nodes() if n.op in ("input", "weight", "state"))
     written = 0
     for n in graph.nodes():
         if n.op == "output":
@@ -183,126 +200,160 @@ def _absorbable(graph: IRGraph, n: Node, place: dict) -> list:
     return out
 
 
-def _leaf_transposed(n: Node, m: MachineConfig, trip: int, d_mxm: int) -> int:
-    """Cycles after its read before a declared tensor (held as rows: the loader writes vectors of
-    its last axis) can lie transposed: through the SXM and back, or through the MXM (its rows
-    installed transposed, an identity's w rows of w lanes through the inputs, the products to
-    the VXM). (Constants are the compiler's: any layout.)"""
-    if len(n.shape) < 1:
-        return 0
-    w = n.shape[-1]
-    rows = int(np.prod(n.shape[:-1], dtype=np.int64)) if len(n.shape) > 1 else 1
-    lat = m.latency
-    mxm = (math.ceil(min(rows, m.lanes) / m.lw_ports_per_plane) + 1
-           + math.ceil(w * w * m.lanes / m.macs_per_cycle("f16")) + lat["mxm_abc"] + lat["mxm_acc"] + d_mxm)
-    return min(trip, mxm)
+def _vectors_t(shape: tuple, lanes: int) -> int:
+    """Vectors holding a tensor laid out transposed (its last axis across vectors)."""
+    if len(shape) < 2:
+        return shape[-1] if shape else 1
+    lead = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
+    return lead * shape[-1] * max(1, math.ceil(shape[-2] / lanes))
 
 
 def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = None) -> int:
     """The critical path bound; `first_matmul`, if given, receives the earliest cycle any matmul
-    can issue its first ABC (activations ready, weights read and installed). Each tensor has
-    three times: its first and last vector laid out as rows (rf, rl), and the whole of it laid
-    out transposed (t: its last axis across vectors); the SXM turns one into the other in a trip."""
+    can issue its first ABC (activations ready, weights read and installed). A tensor is made
+    (where its op runs) with four times: its first and last vector laid out as rows (f, l), its
+    first vector and the whole of it laid out transposed (tf, t: its last axis across vectors);
+    the SXM makes a copy in the other layout (rows from t, transposed from l). A consumer takes
+    either, with its hops; views (slices, reshapes, transposes) look through to their inputs."""
     lat = m.latency
     d_mxm = min(abs(m.vxm_pos - m.mxm_pos(p)) for p in range(m.mxm_planes))
     d_sxm = min(abs(m.vxm_pos - m.sxm_pos(h)) for h in range(2))
-    conv = 2 * d_mxm + lat["vxm"]    # an accumulator row to the VXM, converted, and back
-    trip = 2 * d_sxm + lat["sxm"]    # vectors to the SXM, transposed, and back
+    d_ms = min(abs(m.mxm_pos(p) - m.sxm_pos(h)) for p in range(m.mxm_planes) for h in range(2))
     d_mm = lat["mxm_abc"] + lat["mxm_acc"]
-    rf: dict[int, int] = {}
-    rl: dict[int, int] = {}
-    t: dict[int, int] = {}
+    far = {frozenset(("mxm", "vxm")): d_mxm, frozenset(("sxm", "vxm")): d_sxm, frozenset(("mxm", "sxm")): d_ms}
+    none = 1 << 60
+    out_rate = 2 * m.sxm_queues_per_hemisphere     # vectors the SXMs put out a cycle, at most
+    own: dict[int, dict] = {}        # made where the op runs: f, l, tf, t
+    copy: dict[int, dict] = {}       # the SXM's copy in the other layout
     place: dict[int, str] = {}
+    swap = {"f": "tf", "l": "t", "tf": "f", "t": "l"}
+    memo: dict = {}
 
-    def hop(i, p):
-        if {place[i], p} == {"mxm", "vxm"}:
-            return d_mxm
-        if p == "mxm" and place[i] == "mxm" and graph.node(i).dtype not in MXM_DTYPES:
-            return conv              # a product's f32 rounded to f16 by the VXM before the next
-        return 0
+    def spread(n_vectors):
+        return max(0, math.ceil(n_vectors / out_rate) - 1)
+
+    def dist(a, b):
+        return far.get(frozenset((a, b)), 0)
+
+    def hop(src, dtype, p):
+        """Cycles from a value of `dtype` at place src to unit p: an f32 (i32) accumulator row or
+        SXM output is rounded by the VXM on its way to the MXM (ACC puts f32 or i32 on a stream,
+        LW and ABC take f16 or i8, only VXM ops convert)."""
+        if p == "mxm" and src in ("mxm", "sxm") and dtype not in MXM_DTYPES:
+            return dist(src, "vxm") + lat["vxm"] + d_mxm
+        return dist(src, p)
+
+    def arr(i, p, k):
+        """When tensor i's vectors of kind k (f, l, tf, t) can be at unit p."""
+        key = (i, p, k)
+        if key not in memo:
+            n = graph.node(i)
+            if i not in own:             # a view: its inputs' vectors
+                if n.op == "transpose" and len(n.shape) >= 2 and \
+                        tuple(n.attrs["perm"][-2:]) == (len(n.shape) - 1, len(n.shape) - 2):
+                    k2 = swap[k]         # x.T's rows are x transposed, and the other way
+                elif k == "l" and n.op == "slice" and _drops_rows(graph, n):
+                    k2 = "f"             # (some rows only: their last is not followed)
+                else:
+                    k2 = k
+                memo[key] = max((arr(j, p, k2) for j in n.inputs), default=0)
+            else:
+                memo[key] = min(own[i][k] + hop(place[i], n.dtype, p), copy[i][k] + hop("sxm", n.dtype, p))
+        return memo[key]
 
     def weights(b, rows, lw):
         """When the weights b can be installed: read from SRAM, or computed (LWs and an IW after
         the last of its rows, or after the whole of it transposed: a transposed install)."""
         ready = lat["mem_read"] + math.ceil(min(rows, m.lanes) / m.lw_ports_per_plane) + 1
         if place[b] != "mem":
-            ready = max(ready, min(max(rf[b] + lw - 1, rl[b]), t[b]) + hop(b, "mxm") + 2)
+            made = min(max(arr(b, "mxm", "f") + lw - 1, arr(b, "mxm", "l")), arr(b, "mxm", "t"))
+            ready = max(ready, made + 2)
         return ready
 
     for n in graph.nodes():
         p = _place(n)
         if n.op in LEAVES:
-            rf[n.id] = rl[n.id] = lat["mem_read"] if n.op != "const" else 0
-            t[n.id] = rf[n.id] + _leaf_transposed(n, m, trip, d_mxm) if n.op != "const" else 0
+            r = lat["mem_read"] if n.op != "const" else 0
+            own[n.id] = {"f": r, "l": r, "tf": none, "t": none} if n.op != "const" else dict.fromkeys(swap, 0)
+            first = r + lat["sxm"]            # the loader writes rows: transposed by the SXM
+            copy[n.id] = {"f": none, "l": none, "tf": first, "t": first + spread(_vectors_t(n.shape, m.lanes))} \
+                if n.op != "const" else dict.fromkeys(swap, 0)
             place[n.id] = p
             continue
         if n.op == "cast" and place[n.inputs[0]] == "mxm" and n.dtype != graph.node(n.inputs[0]).dtype:
             p = "vxm"        # only a VXM op converts an accumulator's f32 or i32 (see above)
-        a_f = max((rf[i] + hop(i, p) for i in n.inputs), default=0)
-        a_l = max((rl[i] + hop(i, p) for i in n.inputs), default=0)
-        a_t = max((t[i] + hop(i, p) for i in n.inputs), default=0)
-        if p == "free":
-            shape = n.shape
-            if n.op == "transpose" and len(shape) >= 2 and tuple(n.attrs["perm"][-2:]) == (len(shape) - 1, len(shape) - 2):
-                f, l, tt = a_t, a_t, a_l         # x.T's rows are x transposed, and the other way
-            else:
-                f, l, tt = a_f, a_l, a_t
-                if n.op == "slice" and _drops_rows(graph, n):
-                    l = f                        # (some rows only: their last is not followed)
-            rf[n.id], rl[n.id], t[n.id] = f, max(f, l), tt
-            # a free op forwards its input's place (the value has not moved)
+        if p == "free":      # a view: no place of its own (forwarded for _absorbable)
             srcs = [place[i] for i in n.inputs]
             place[n.id] = next((s for s in srcs if s != "mem"), srcs[0] if srcs else "mem")
             continue
+        a_f, a_l, a_tf, a_t = (max((arr(i, p, k) for i in n.inputs), default=0) for k in ("f", "l", "tf", "t"))
         if n.op == "matmul":
             a, b = n.inputs
             an, bn = graph.node(a), graph.node(b)
             # as rows: A's rows through the MXM's inputs, B installed
-            ready = max(rf[a] + hop(a, p), weights(b, bn.shape[-2], math.ceil(
+            ready = max(arr(a, p, "f"), weights(b, bn.shape[-2], math.ceil(
                 min(*bn.shape[-2:], m.lanes) / m.lw_ports_per_plane)))
             work = matmul_rows_cycles(graph, n, m)
             f = ready + d_mm
-            l = max(ready + work - 1, rl[a] + hop(a, p)) + d_mm
+            l = max(ready + work - 1, arr(a, p, "l")) + d_mm
             heads = _absorbable(graph, n, place)
             if heads:                 # sum_h p_h @ f16(v_h @ W_h) (see above): v_h @ W_h made and
                 r = 0                 # rounded on the VXM, installed, the p_h through the inputs
                 for ph, vh in heads:
                     vn = graph.node(vh)
                     vw = vn.size * max(n.shape[-1], m.lanes) if len(vn.shape) == 2 else 0
-                    r = max(r, rf[ph] + hop(ph, p), min(rf[vh], t[vh]) + hop(vh, p) + d_mm + conv + 2
-                            + max(0, math.ceil(vw / m.macs_per_cycle("f16")) - 1))
+                    r = max(r, arr(ph, p, "f"), min(arr(vh, p, "f"), arr(vh, p, "tf")) + d_mm + 2 * d_mxm
+                            + lat["vxm"] + 2 + max(0, math.ceil(vw / m.macs_per_cycle("f16")) - 1))
                 w = math.ceil(sum(graph.node(ph).size for ph, _ in heads) * max(n.shape[-1], m.lanes)
                               / m.macs_per_cycle("f16"))
                 ready, f = min(ready, r), min(f, r + d_mm)
-                l = min(l, max(r + w - 1, max(rl[ph] + hop(ph, p) for ph, _ in heads)) + d_mm)
+                l = min(l, max(r + w - 1, max(arr(ph, p, "l") for ph, _ in heads)) + d_mm)
             # transposed (C.T = B.T @ A.T): B's columns through the inputs, A installed transposed
             rows_a = an.shape[-2] if len(an.shape) >= 2 else 1
-            ready_t = max(t[b] + hop(b, p), weights(a, rows_a, math.ceil(min(rows_a, m.lanes) / m.lw_ports_per_plane)))
+            ready_t = max(arr(b, p, "tf"), weights(a, rows_a, math.ceil(min(rows_a, m.lanes) / m.lw_ports_per_plane)))
             macs = matmul_macs(graph, n)
             work_t = math.ceil(max(macs, macs // max(1, rows_a) * m.lanes) / m.macs_per_cycle(matmul_rate_dtype(graph, n)))
-            tt = ready_t + work_t - 1 + d_mm
+            ttf, tt = ready_t + d_mm, max(ready_t + work_t - 1, arr(b, p, "t")) + d_mm
             if first_matmul is not None:
                 first_matmul.append(min(ready, ready_t))
         elif n.op in REDUCE and n.attrs["axis"] == len(graph.node(n.inputs[0]).shape) - 1:
-            width = graph.node(n.inputs[0]).shape[-1]
+            i = n.inputs[0]
+            src = graph.node(i)
+            width = src.shape[-1]
             levels = math.ceil(math.log2(min(width, m.lanes))) if width > 1 else 0
-            # one SXM round trip carries every shifted copy, then a tree of VXM steps adds them
-            d = lat["vxm"] * (levels + 1) + (lat["sxm"] + 2 * d_sxm if levels else 0)
-            if n.op != "max":     # a sum can also be a matmul with a ones vector
-                d = min(d, 2 * d_mxm + lat["mxm_abc"] + lat["mxm_acc"] + lat["vxm"])
-            f, l = a_f + d, max(a_f, a_l) + d
-            tt = a_t + lat["vxm"]  # the input transposed: VXM steps between vectors, the last one in
+            tree = lat["vxm"] * (levels + 1)
+
+            def lane(k):
+                """The reduction's result at the VXM from i's rows (first or last): one trip
+                through the SXM carries every shifted copy to a tree of VXM steps; a sum may go
+                through the MXM instead (a matmul with a ones vector, f32 rows split on the VXM
+                into f16 parts first)."""
+                if not levels:
+                    return arr(i, p, k) + tree
+                via = arr(i, "sxm", k) + lat["sxm"] + d_sxm + tree
+                if n.op != "max":
+                    at = arr(i, p, k) + 2 * d_mxm + d_mm + lat["vxm"]
+                    if src.dtype in MXM_DTYPES:
+                        at = min(at, arr(i, "mxm", k) + d_mm + d_mxm + lat["vxm"])
+                    via = min(via, at)
+                return via
+            f, l = lane("f"), max(lane("f"), lane("l"))
+            # the input transposed: a tree of VXM steps between its vectors, the last one in
+            ttf = tt = max(a_t + lat["vxm"], a_tf + lat["vxm"] * max(1, math.ceil(math.log2(width))))
         else:                 # the dependent VXM steps of one vector (the op table's path)
             d = sum(lat[k] for k in OPS[n.op].path)
             f, l = a_f + d, max(a_f, a_l) + d
-            # element by element (or by position) in either layout; else transposed by the SXM
-            tt = a_t + d if n.op in ops_ELEMENTWISE or n.op in ("causal", "rope") else l + trip
-        tt = min(tt, l + trip)
-        rf[n.id] = min(f, tt + trip)
-        rl[n.id] = max(rf[n.id], min(l, tt + trip))
-        t[n.id] = tt
+            # element by element (or by position) in either layout; else only the SXM's copy
+            elementwise = n.op in ops_ELEMENTWISE or n.op in ("causal", "rope")
+            ttf, tt = (a_tf + d, max(a_tf, a_t) + d) if elementwise else (none, none)
+        own[n.id] = {"f": f, "l": max(f, l), "tf": ttf, "t": max(ttf, tt)}
+        to_sxm = dist(p, "sxm") + lat["sxm"]     # the SXM's copy in the other layout
+        rows = own[n.id]["t"] + to_sxm if ttf < none else none
+        cols = own[n.id]["l"] + to_sxm
+        copy[n.id] = {"f": rows, "l": rows + spread(vectors(n.shape, m.lanes)) if rows < none else none,
+                      "tf": cols, "t": cols + spread(_vectors_t(n.shape, m.lanes))}
         place[n.id] = p
-    ends = [rl[nid] for nid in graph.outputs.values()] + [rl[nid] for nid in graph.final_states.values()]
+    ends = [arr(i, "mem", "l") for i in list(graph.outputs.values()) + list(graph.final_states.values())]
     return (max(ends) if ends else 0) + 1 + m.icu_skew
 
 
@@ -311,7 +362,10 @@ def lower_bounds(graph: IRGraph, m: MachineConfig) -> dict:
     compute = 0.0
     vxm_vectors = 0
     macs = {"i8": 0, "f16": 0}
+    live = live_nodes(graph)
     for n in graph.nodes():
+        if n.id not in live:
+            continue
         if n.op == "matmul":
             dt = matmul_rate_dtype(graph, n)
             mk = matmul_macs(graph, n)
@@ -325,7 +379,7 @@ def lower_bounds(graph: IRGraph, m: MachineConfig) -> dict:
     lat = m.latency
     drain = lat["mxm_abc"] + lat["mxm_acc"] + 1 + m.icu_skew
     b = {
-        "compute": math.ceil(compute) + (min(starts) + drain if starts else 0),
+        "compute": math.ceil(compute) + (min(starts) + drain if starts and compute else 0),
         "vxm": math.ceil(vxm_vectors / m.vxm_alus),
         "sram": math.ceil((read + written) / m.sram_bytes_per_cycle()),
         "stream": math.ceil((read + written) / m.stream_bytes_per_cycle()),
