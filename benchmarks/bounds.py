@@ -10,7 +10,7 @@ from what the machine could do. Each bound is a number no correct schedule can b
   1 + icu_skew): the busiest plane does at least the average work between the two.
 - vxm: every elementwise op, mask, rope and reduction handles each of its 320-lane vectors (rows
   x ceil(last dim / lanes)) on one VXM ALU for at least one cycle: vectors / vxm_alus. Casts and
-  shape ops are free (they can fold into loads, conversions on LW, or addressing).
+  shape ops are not counted here (a cast can fold into the VXM op that makes its operand).
 - sram and stream: every byte of a declared tensor that the program reads (slices count only
   the region they read; the old version of a stored state is not read) and every byte it
   writes (outputs, stored regions) leaves or enters a MEM slice and crosses a stream at least
@@ -19,15 +19,32 @@ from what the machine could do. Each bound is a number no correct schedule can b
   config ([latency]: mem_read for a leaf, vxm or vxm_transcendental, mxm_abc + mxm_acc for a
   matmul, for a lane reduction one SXM round trip (every shifted copy can travel in it) and a
   tree of VXM steps), plus the hops a value must travel between the units' positions on the
-  floorplan (VXM <-> MXM, VXM <-> SXM), plus 1 + icu_skew
-  at the end (the emulator's cycle count). A lane-axis sum may also go through the MXM (a matmul
-  with a ones vector): the cheaper of the two counts. Like the vxm bound, this takes vectors to
-  hold rows of the last axis; a schedule that lays a reduced axis across vectors needs no SXM
-  trip there (the tests check that no compiled program or reduction beats the bound).
+  floorplan (VXM <-> MXM, VXM <-> SXM), plus 1 + icu_skew at the end (the emulator's cycle
+  count). A lane-axis sum may also go through the MXM (a matmul with a ones vector): the cheaper
+  of the two counts.
   Each tensor's last vector is followed too: a matmul's last row issues no earlier than its
-  MACs / macs_per_cycle cycles after its first, and weights that are computed (k.T in q @ k.T,
-  v in p @ v) are installed only after their last row is made (then an LW and an IW), or
+  first plus its MACs / macs_per_cycle, or plus its left operand's elements (rows x K) over the
+  MXM's input lanes a cycle (macs_per_cycle / lanes: an f16 pair takes 160 a cycle, whatever
+  the width of its output), whichever is more; weights that are computed (k.T in q @ k.T, v in
+  p @ v) are installed only after their last row is made (then an LW and an IW), or
   min(rows, columns) / lw_ports_per_plane LW cycles after their first row, whichever is later.
+  Conversions: ACC puts an f32 (i32) accumulator row on a stream, LW and ABC take f16 or i8, and
+  only VXM ops convert, so a product's cast to another dtype (or an f32 product used as an MXM
+  operand, rounded to f16) travels to the VXM (and back to the MXM): 2 x the hops + vxm.
+  Layouts: a tensor may lie as rows (its last axis across the lanes) or transposed (its last
+  axis across vectors); the path follows both (first and last row; first and last vector
+  transposed). A lane reduction of a transposed tensor is a tree of VXM steps between vectors;
+  elementwise ops keep either layout; a matmul C = A @ B is made as rows (A's rows through the
+  inputs, B installed) or transposed (C.T = B.T @ A.T: B's columns through the inputs, A
+  installed transposed); the SXM copies a tensor into the other layout (its vectors out at most
+  2 x sxm_queues_per_hemisphere a cycle), and the copy goes on from the SXM's position (to the
+  MXM next to it, say); views (slices, reshapes, transposes) look through to their inputs; a
+  declared tensor is written as rows by the loader; outputs end as rows.
+  A joined head's product concat(f16(p_h @ v_h)) @ W may run as sum_h p_h @ f16(v_h @ W_h)
+  (compiler/rewrite_pack.split_joins): v_h @ W_h made and rounded first, then the p_h's rows.
+  Nodes that no output, store or final state needs are dropped by the compiler: no bound counts
+  their work.
+  (The tests check that no compiled program, random program or reduction beats the bound.)
 
 The program's bound is the largest of these."""
 from __future__ import annotations
@@ -37,7 +54,7 @@ import math
 import numpy as np
 
 from lpu.compiler.ir import IRGraph, Node
-from lpu.compiler.ops import LEAVES, OPS, REDUCE
+from lpu.compiler.ops import ELEMENTWISE as ops_ELEMENTWISE, LEAVES, OPS, REDUCE
 from lpu.isa.dtypes import dtype_width
 from lpu.isa.machine import MachineConfig
 
@@ -59,13 +76,23 @@ def matmul_macs(graph: IRGraph, n: Node) -> int:
     return int(np.prod(n.shape, dtype=np.int64)) * k
 
 
+def matmul_rows_cycles(graph: IRGraph, n: Node, m: MachineConfig) -> int:
+    """Cycles from a matmul's first ABC to its last at least: its MACs at the MXM's rate, and its
+    left operand's elements (rows x K) through the MXM's inputs, lanes per plane pass of
+    macs_per_cycle / lanes MACs (an f16 pair takes 160 lanes a cycle, an i8 plane 320): a
+    product narrower than the lanes uses the pass's inputs but not all its columns (two rows
+    share a pass only by sharing its input lanes)."""
+    inputs = matmul_macs(graph, n) // max(1, n.shape[-1]) if n.shape else 0
+    return math.ceil(max(matmul_macs(graph, n), inputs * m.lanes) / m.macs_per_cycle(matmul_rate_dtype(graph, n)))
+
+
 def matmul_rate_dtype(graph: IRGraph, n: Node) -> str:
     a, b = graph.node(n.inputs[0]), graph.node(n.inputs[1])
     return "i8" if a.dtype == "i8" and b.dtype == "i8" else "f16"
 
 
-def _leaf_bytes_read(graph: IRGraph, leaf: Node) -> int:
-    """Bytes of `leaf` that some op reads: the union of the regions read through chains of
+def _leaf_bytes_read(graph: IRGraph, leaf: Node, live: set) -> int:
+    """Bytes of `leaf` that some live op reads: the union of the regions read through chains of
     slices (a store's old-version operand is not a read)."""
     shape = leaf.shape
     regions: list[tuple] = []
@@ -75,7 +102,7 @@ def _leaf_bytes_read(graph: IRGraph, leaf: Node) -> int:
         nonlocal whole
         for u in graph.users(nid):
             n = graph.node(u)
-            if n.op == "store" and n.inputs[0] == nid and n.inputs[1] != nid:
+            if u not in live or n.op == "store" and n.inputs[0] == nid and n.inputs[1] != nid:
                 continue
             if n.op == "slice":
                 nb, na = list(box), []
@@ -107,9 +134,23 @@ def _leaf_bytes_read(graph: IRGraph, leaf: Node) -> int:
     return n * dtype_width(leaf.dtype)
 
 
+def live_nodes(graph: IRGraph) -> set:
+    """Nodes an output, a store or a final state depends on (the compiler drops the others:
+    their work is not counted)."""
+    todo = [n.id for n in graph.nodes() if n.op in ("output", "store")] + list(graph.final_states.values())
+    live: set = set()
+    while todo:
+        i = todo.pop()
+        if i not in live:
+            live.add(i)
+            todo.extend(graph.node(i).inputs)
+    return live
+
+
 def traffic(graph: IRGraph) -> tuple[int, int]:
     """(bytes read from declared tensors, bytes written to outputs and stored regions)."""
-    read = sum(_leaf_bytes_read(graph, n) for n in graph.nodes() if n.op in ("input", "weight", "state"))
+    live = live_nodes(graph)
+    read = sum(_leaf_bytes_read(graph, n, live) for n in graph.nodes() if n.op in ("input", "weight", "state"))
     written = 0
     for n in graph.nodes():
         if n.op == "output":
@@ -139,63 +180,180 @@ def _drops_rows(graph: IRGraph, n: Node) -> bool:
     return False
 
 
+MXM_DTYPES = ("f16", "bf16", "i8")     # what LW and ABC take from a stream
+
+
+def _absorbable(graph: IRGraph, n: Node, place: dict) -> list:
+    """[(p_h, v_h)] where n = A @ W, W read from SRAM (weights: place mem) and A = f16(p @ v)
+    or concat(f16(p_h @ v_h), axis=-1) (attention heads joined): the compiler may compute n as
+    sum_h p_h @ (v_h @ W_h) (compiler/rewrite_pack.split_joins); else []."""
+    a, w = (graph.node(i) for i in n.inputs)
+    if place[w.id] != "mem" or len(n.shape) != 2:
+        return []
+    parts = a.inputs if a.op == "concat" and a.attrs["axis"] in (-1, len(a.shape) - 1) else (a.id,)
+    out = []
+    for i in parts:
+        x = graph.node(i)
+        if x.op != "cast" or graph.node(x.inputs[0]).op != "matmul" or len(x.shape) != 2:
+            return []
+        out.append(tuple(graph.node(x.inputs[0]).inputs))
+    return out
+
+
+def _vectors_t(shape: tuple, lanes: int) -> int:
+    """Vectors holding a tensor laid out transposed (its last axis across vectors)."""
+    if len(shape) < 2:
+        return shape[-1] if shape else 1
+    lead = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
+    return lead * shape[-1] * max(1, math.ceil(shape[-2] / lanes))
+
+
 def critical_path(graph: IRGraph, m: MachineConfig, first_matmul: list | None = None) -> int:
     """The critical path bound; `first_matmul`, if given, receives the earliest cycle any matmul
-    can issue its first ABC (activations ready, weights read and installed)."""
+    can issue its first ABC (activations ready, weights read and installed). A tensor is made
+    (where its op runs) with four times: its first and last vector laid out as rows (f, l), its
+    first vector and the whole of it laid out transposed (tf, t: its last axis across vectors);
+    the SXM makes a copy in the other layout (rows from t, transposed from l). A consumer takes
+    either, with its hops; views (slices, reshapes, transposes) look through to their inputs."""
     lat = m.latency
     d_mxm = min(abs(m.vxm_pos - m.mxm_pos(p)) for p in range(m.mxm_planes))
     d_sxm = min(abs(m.vxm_pos - m.sxm_pos(h)) for h in range(2))
-    finish: dict[int, int] = {}
-    last: dict[int, int] = {}        # the same for the tensor's last vector (a computed matmul's
-    place: dict[int, str] = {}       # rows take MACs / macs_per_cycle cycles at least)
+    d_ms = min(abs(m.mxm_pos(p) - m.sxm_pos(h)) for p in range(m.mxm_planes) for h in range(2))
+    d_mm = lat["mxm_abc"] + lat["mxm_acc"]
+    far = {frozenset(("mxm", "vxm")): d_mxm, frozenset(("sxm", "vxm")): d_sxm, frozenset(("mxm", "sxm")): d_ms}
+    none = 1 << 60
+    out_rate = 2 * m.sxm_queues_per_hemisphere     # vectors the SXMs put out a cycle, at most
+    own: dict[int, dict] = {}        # made where the op runs: f, l, tf, t
+    copy: dict[int, dict] = {}       # the SXM's copy in the other layout
+    place: dict[int, str] = {}
+    swap = {"f": "tf", "l": "t", "tf": "f", "t": "l"}
+    memo: dict = {}
+
+    def spread(n_vectors):
+        return max(0, math.ceil(n_vectors / out_rate) - 1)
+
+    def dist(a, b):
+        return far.get(frozenset((a, b)), 0)
+
+    def hop(src, dtype, p):
+        """Cycles from a value of `dtype` at place src to unit p: an f32 (i32) accumulator row or
+        SXM output is rounded by the VXM on its way to the MXM (ACC puts f32 or i32 on a stream,
+        LW and ABC take f16 or i8, only VXM ops convert)."""
+        if p == "mxm" and src in ("mxm", "sxm") and dtype not in MXM_DTYPES:
+            return dist(src, "vxm") + lat["vxm"] + d_mxm
+        return dist(src, p)
+
+    def arr(i, p, k):
+        """When tensor i's vectors of kind k (f, l, tf, t) can be at unit p."""
+        key = (i, p, k)
+        if key not in memo:
+            n = graph.node(i)
+            if i not in own:             # a view: its inputs' vectors
+                if n.op == "transpose" and len(n.shape) >= 2 and \
+                        tuple(n.attrs["perm"][-2:]) == (len(n.shape) - 1, len(n.shape) - 2):
+                    k2 = swap[k]         # x.T's rows are x transposed, and the other way
+                elif k == "l" and n.op == "slice" and _drops_rows(graph, n):
+                    k2 = "f"             # (some rows only: their last is not followed)
+                else:
+                    k2 = k
+                memo[key] = max((arr(j, p, k2) for j in n.inputs), default=0)
+            else:
+                memo[key] = min(own[i][k] + hop(place[i], n.dtype, p), copy[i][k] + hop("sxm", n.dtype, p))
+        return memo[key]
+
+    def weights(b, rows, lw):
+        """When the weights b can be installed: read from SRAM, or computed (LWs and an IW after
+        the last of its rows, or after the whole of it transposed: a transposed install)."""
+        ready = lat["mem_read"] + math.ceil(min(rows, m.lanes) / m.lw_ports_per_plane) + 1
+        if place[b] != "mem":
+            made = min(max(arr(b, "mxm", "f") + lw - 1, arr(b, "mxm", "l")), arr(b, "mxm", "t"))
+            ready = max(ready, made + 2)
+        return ready
+
     for n in graph.nodes():
         p = _place(n)
         if n.op in LEAVES:
-            finish[n.id] = last[n.id] = lat["mem_read"] if n.op != "const" else 0
+            r = lat["mem_read"] if n.op != "const" else 0
+            own[n.id] = {"f": r, "l": r, "tf": none, "t": none} if n.op != "const" else dict.fromkeys(swap, 0)
+            first = r + lat["sxm"]            # the loader writes rows: transposed by the SXM
+            copy[n.id] = {"f": none, "l": none, "tf": first, "t": first + spread(_vectors_t(n.shape, m.lanes))} \
+                if n.op != "const" else dict.fromkeys(swap, 0)
             place[n.id] = p
             continue
-        ready = ready_last = 0
-        srcs = []
-        for i in n.inputs:
-            hop = d_mxm if {place[i], p} == {"mxm", "vxm"} else 0
-            ready = max(ready, finish[i] + hop)
-            ready_last = max(ready_last, last[i] + hop)
-            srcs.append(place[i])
-        if p == "free":
-            finish[n.id], last[n.id] = ready, ready_last
-            if n.op == "slice" and _drops_rows(graph, n):
-                last[n.id] = ready           # (some rows only: their last is not followed)
-            # a free op forwards its input's place (the value has not moved)
+        if n.op == "cast" and place[n.inputs[0]] == "mxm" and n.dtype != graph.node(n.inputs[0]).dtype:
+            p = "vxm"        # only a VXM op converts an accumulator's f32 or i32 (see above)
+        if p == "free":      # a view: no place of its own (forwarded for _absorbable)
+            srcs = [place[i] for i in n.inputs]
             place[n.id] = next((s for s in srcs if s != "mem"), srcs[0] if srcs else "mem")
             continue
+        a_f, a_l, a_tf, a_t = (max((arr(i, p, k) for i in n.inputs), default=0) for k in ("f", "l", "tf", "t"))
         if n.op == "matmul":
-            d = lat["mxm_abc"] + lat["mxm_acc"]
-            install = lat["mem_read"] + math.ceil(min(graph.node(n.inputs[1]).shape[-2], m.lanes)
-                                                  / m.lw_ports_per_plane) + 1
-            ready = max(ready, install)
-            b = n.inputs[1]
-            if place[b] != "mem":     # computed weights: installed (LWs, an IW) after their last row
-                lw = math.ceil(min(*graph.node(b).shape[-2:], m.lanes) / m.lw_ports_per_plane)
-                hop = d_mxm if place[b] == "vxm" else 0
-                ready = max(ready, max(finish[b] + lw - 1, last[b]) + hop + 2)
-            a = n.inputs[0]
-            work = math.ceil(matmul_macs(graph, n) / m.macs_per_cycle(matmul_rate_dtype(graph, n)))
-            ready_last = max(ready + work - 1, last[a] + (d_mxm if place[a] == "vxm" else 0), ready)
+            a, b = n.inputs
+            an, bn = graph.node(a), graph.node(b)
+            # as rows: A's rows through the MXM's inputs, B installed
+            ready = max(arr(a, p, "f"), weights(b, bn.shape[-2], math.ceil(
+                min(*bn.shape[-2:], m.lanes) / m.lw_ports_per_plane)))
+            work = matmul_rows_cycles(graph, n, m)
+            f = ready + d_mm
+            l = max(ready + work - 1, arr(a, p, "l")) + d_mm
+            heads = _absorbable(graph, n, place)
+            if heads:                 # sum_h p_h @ f16(v_h @ W_h) (see above): v_h @ W_h made and
+                r = 0                 # rounded on the VXM, installed, the p_h through the inputs
+                for ph, vh in heads:
+                    vn = graph.node(vh)
+                    vw = vn.size * max(n.shape[-1], m.lanes) if len(vn.shape) == 2 else 0
+                    r = max(r, arr(ph, p, "f"), min(arr(vh, p, "f"), arr(vh, p, "tf")) + d_mm + 2 * d_mxm
+                            + lat["vxm"] + 2 + max(0, math.ceil(vw / m.macs_per_cycle("f16")) - 1))
+                w = math.ceil(sum(graph.node(ph).size for ph, _ in heads) * max(n.shape[-1], m.lanes)
+                              / m.macs_per_cycle("f16"))
+                ready, f = min(ready, r), min(f, r + d_mm)
+                l = min(l, max(r + w - 1, max(arr(ph, p, "l") for ph, _ in heads)) + d_mm)
+            # transposed (C.T = B.T @ A.T): B's columns through the inputs, A installed transposed
+            rows_a = an.shape[-2] if len(an.shape) >= 2 else 1
+            ready_t = max(arr(b, p, "tf"), weights(a, rows_a, math.ceil(min(rows_a, m.lanes) / m.lw_ports_per_plane)))
+            macs = matmul_macs(graph, n)
+            work_t = math.ceil(max(macs, macs // max(1, rows_a) * m.lanes) / m.macs_per_cycle(matmul_rate_dtype(graph, n)))
+            ttf, tt = ready_t + d_mm, max(ready_t + work_t - 1, arr(b, p, "t")) + d_mm
             if first_matmul is not None:
-                first_matmul.append(ready)
+                first_matmul.append(min(ready, ready_t))
         elif n.op in REDUCE and n.attrs["axis"] == len(graph.node(n.inputs[0]).shape) - 1:
-            width = graph.node(n.inputs[0]).shape[-1]
+            i = n.inputs[0]
+            src = graph.node(i)
+            width = src.shape[-1]
             levels = math.ceil(math.log2(min(width, m.lanes))) if width > 1 else 0
-            # one SXM round trip carries every shifted copy, then a tree of VXM steps adds them
-            d = lat["vxm"] * (levels + 1) + (lat["sxm"] + 2 * d_sxm if levels else 0)
-            if n.op != "max":     # a sum can also be a matmul with a ones vector
-                d = min(d, 2 * d_mxm + lat["mxm_abc"] + lat["mxm_acc"] + lat["vxm"])
+            tree = lat["vxm"] * (levels + 1)
+
+            def lane(k):
+                """The reduction's result at the VXM from i's rows (first or last): one trip
+                through the SXM carries every shifted copy to a tree of VXM steps; a sum may go
+                through the MXM instead (a matmul with a ones vector, f32 rows split on the VXM
+                into f16 parts first)."""
+                if not levels:
+                    return arr(i, p, k) + tree
+                via = arr(i, "sxm", k) + lat["sxm"] + d_sxm + tree
+                if n.op != "max":
+                    at = arr(i, p, k) + 2 * d_mxm + d_mm + lat["vxm"]
+                    if src.dtype in MXM_DTYPES:
+                        at = min(at, arr(i, "mxm", k) + d_mm + d_mxm + lat["vxm"])
+                    via = min(via, at)
+                return via
+            f, l = lane("f"), max(lane("f"), lane("l"))
+            # the input transposed: a tree of VXM steps between its vectors, the last one in
+            ttf = tt = max(a_t + lat["vxm"], a_tf + lat["vxm"] * max(1, math.ceil(math.log2(width))))
         else:                 # the dependent VXM steps of one vector (the op table's path)
             d = sum(lat[k] for k in OPS[n.op].path)
-        finish[n.id] = ready + d
-        last[n.id] = max(ready, ready_last) + d
+            f, l = a_f + d, max(a_f, a_l) + d
+            # element by element (or by position) in either layout; else only the SXM's copy
+            elementwise = n.op in ops_ELEMENTWISE or n.op in ("causal", "rope")
+            ttf, tt = (a_tf + d, max(a_tf, a_t) + d) if elementwise else (none, none)
+        own[n.id] = {"f": f, "l": max(f, l), "tf": ttf, "t": max(ttf, tt)}
+        to_sxm = dist(p, "sxm") + lat["sxm"]     # the SXM's copy in the other layout
+        rows = own[n.id]["t"] + to_sxm if ttf < none else none
+        cols = own[n.id]["l"] + to_sxm
+        copy[n.id] = {"f": rows, "l": rows + spread(vectors(n.shape, m.lanes)) if rows < none else none,
+                      "tf": cols, "t": cols + spread(_vectors_t(n.shape, m.lanes))}
         place[n.id] = p
-    ends = [last[nid] for nid in graph.outputs.values()] + [last[nid] for nid in graph.final_states.values()]
+    ends = [arr(i, "mem", "l") for i in list(graph.outputs.values()) + list(graph.final_states.values())]
     return (max(ends) if ends else 0) + 1 + m.icu_skew
 
 
@@ -204,7 +362,10 @@ def lower_bounds(graph: IRGraph, m: MachineConfig) -> dict:
     compute = 0.0
     vxm_vectors = 0
     macs = {"i8": 0, "f16": 0}
+    live = live_nodes(graph)
     for n in graph.nodes():
+        if n.id not in live:
+            continue
         if n.op == "matmul":
             dt = matmul_rate_dtype(graph, n)
             mk = matmul_macs(graph, n)
@@ -218,7 +379,7 @@ def lower_bounds(graph: IRGraph, m: MachineConfig) -> dict:
     lat = m.latency
     drain = lat["mxm_abc"] + lat["mxm_acc"] + 1 + m.icu_skew
     b = {
-        "compute": math.ceil(compute) + (min(starts) + drain if starts else 0),
+        "compute": math.ceil(compute) + (min(starts) + drain if starts and compute else 0),
         "vxm": math.ceil(vxm_vectors / m.vxm_alus),
         "sram": math.ceil((read + written) / m.sram_bytes_per_cycle()),
         "stream": math.ceil((read + written) / m.stream_bytes_per_cycle()),

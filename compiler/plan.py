@@ -167,7 +167,8 @@ def level_order(graph: IRGraph, kind: dict) -> tuple[list[int], dict]:
     interleave on the units instead of queueing behind each other in program order. A store
     also waits for every read of the state version it replaces (through views too), and a node
     of row group g (attribute `rows`, compiler/rewrite_rows.py) comes after every node of group
-    g - 1 of its region (the groups' nodes are consecutive in the graph). Returns the order and
+    g - 1 of its region (the groups' nodes are consecutive in the graph), and a node with
+    attribute `after` comes after that node (an earlier one). Returns the order and
     each node's depth."""
     nodes = graph.nodes()
     preds = {n.id: list(n.inputs) for n in nodes}
@@ -186,6 +187,8 @@ def level_order(graph: IRGraph, kind: dict) -> tuple[list[int], dict]:
     deepest: dict[int, int] = {}       # row group -> its deepest node so far (this region's)
     for n in nodes:
         depth[n.id] = 1 + max((depth[p] for p in preds[n.id]), default=-1)
+        if "after" in n.attrs:        # lowered after that node (off its path: rewrite_pack)
+            depth[n.id] = max(depth[n.id], depth[n.attrs["after"]] + 1)
         g = n.attrs.get("rows")
         if g is None:
             continue

@@ -305,8 +305,12 @@ def rebuilding(g: IRGraph) -> IRGraph:
 
 
 def copied(new: IRGraph, n, m: dict) -> int:
-    """Node n added to new as it is, its inputs mapped through m (old id -> new id)."""
-    return new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
+    """Node n added to new as it is, its inputs (and the node its attribute `after` names,
+    compiler/plan.level_order) mapped through m (old id -> new id)."""
+    attrs = dict(n.attrs)
+    if "after" in attrs:
+        attrs["after"] = m[attrs["after"]]
+    return new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, attrs, n.line, n.col)
 
 
 def rebuilt(g: IRGraph, new: IRGraph, m: dict, first: dict) -> IRGraph:

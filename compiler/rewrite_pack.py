@@ -27,6 +27,8 @@ from lpu.compiler.ir import IRGraph
 from lpu.compiler import ops
 from lpu.compiler.rewrite import copied, rebuilding, rebuilt
 
+DECODE_ROWS = 16     # a product of at most this many rows is a decode step's (lower_mxm.FEW_ROWS)
+
 
 def _head(g: IRGraph, n, lanes):
     """(K id, Q id, c0, c1) of a head's score sT = k[:, c0:c1] @ q[:, c0:c1].T, or None."""
@@ -228,14 +230,21 @@ def _packed(g: IRGraph, add, m, key, heads, rs, n, lanes) -> list:
     lo, hi = ch * lanes, min(d, (ch + 1) * lanes)
     w, p = hi - lo, len(heads)
     kc = add("slice", (m[kid],), (nk, w), "f16", {"index": ((0, nk), (lo, hi))})
-    qc = add("slice", (m[qid],), (nq, w), "f16", {"index": ((0, nq), (lo, hi))})
-    q3 = add("reshape", (qc,), (1, nq, w), "f16", {"shape": (1, nq, w)})
+    q = g.node(qid)
+    src = q.inputs[0] if q.op == "cast" and g.node(q.inputs[0]).dtype == "f32" else qid
+    qt = g.node(src).dtype
+    qc = add("slice", (m[src],), (nq, w), qt, {"index": ((0, nq), (lo, hi))})
+    q3 = add("reshape", (qc,), (1, nq, w), qt, {"shape": (1, nq, w)})
     fold = _scale(g, rs)
     mask = np.zeros((p, nq, w), np.float16)     # a vector per row: rows sharing one would
     for i, (c0, c1, _) in enumerate(heads):      # queue on its bank (one read a cycle)
         mask[i, :, c0 - lo:c1 - lo] = fold[1] if fold else 1
     mc = add("const", (), mask.shape, "f16", {"value": mask})
-    qm3 = add("mul", (q3, mc), (p, nq, w), "f16", {})
+    # Q = f16(x) of an f32 x: f16(x * mask) is f16(x) * mask (the mask's 0 and powers of two
+    # commute with the rounding), one VXM pass from x instead of a rounding pass and the mask's
+    qm3 = add("mul", (q3, mc), (p, nq, w), qt, {})
+    if qt != "f16":
+        qm3 = add("cast", (qm3,), (p, nq, w), "f16", {"to": "f16"})
     qm = add("reshape", (qm3,), (p * nq, w), "f16", {"shape": (p * nq, w)})
     qmt = add("transpose", (qm,), (w, p * nq), "f16", {"perm": (1, 0)})
     out = [add("matmul", (kc, qmt), (nk, p * nq), n.dtype, {})]
@@ -326,26 +335,64 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
     outputs, each narrower than the lanes, are not moved to their lanes of one vector (an SXM
     permute per head and row, and VXM adds); each feeds the MXM with its own rows of W (views:
     a product per head and row where the join made one per row) and the products are added
-    (in f32, in another order than the reference's one dot product)."""
+    (in f32, in another order than the reference's one dot product).
+
+    A head's output x_h = f16(p_h @ v_h) whose product with its rows W_h of W costs no more
+    output chunks than p_h @ v_h (W no wider than the lanes, as v_h is) is computed as
+    p_h @ f16(v_h @ W_h) instead (`_absorbed`): v_h @ W_h runs while the softmax makes p_h (v_h
+    is ready long before; lowered after the softmax's max, `_anchor`), and the path from p_h to the output has one product, not two (and
+    no f16 pass between them). The rounding moves from the head's output to v_h @ W_h (both f16
+    before an MXM product; the reference's tolerance)."""
     todo = {n.id for n in g.nodes() if _split_join(g, n, lanes)}
     if not todo:
         return g
+    absorb = {}            # head product p_h @ v_h -> (its cast, W id, W's row offset)
+    for nid in todo:
+        c, w = (g.node(i) for i in g.node(nid).inputs)
+        off = 0
+        for i in c.inputs:
+            pv = _absorbed(g, i, w, lanes)
+            if pv is not None:
+                absorb[pv] = (i, w.id, off)
+            off += g.node(i).shape[1]
+    casts = {i: pv for pv, (i, _, _) in absorb.items()}
+    after: dict[int, list] = {}      # node -> the heads' products to make right after it: v_h
+    for pv in absorb:                # or p_h's last product (its score), whichever comes later
+        p, v = g.node(pv).inputs
+        anchor = _anchor(g, p)
+        after.setdefault(max(v, anchor), []).append((pv, anchor))
     new = rebuilding(g)
     m: dict[int, int] = {}
     first: dict[int, int] = {}
     for n in g.nodes():
         first[n.id] = len(new)
+        if n.id in absorb:           # made after v_h; only its cast used it
+            continue
+        if n.id in casts:
+            continue
         if n.id not in todo:
             m[n.id] = copied(new, n, m)
+            for pv, anchor in after.get(n.id, ()):     # f16(v_h @ W_h), lowered after the anchor
+                cast, wid, off = absorb[pv]
+                w, v = g.node(wid), g.node(g.node(pv).inputs[1])
+                wr = new.add("slice", (m[wid],), (v.shape[1], w.shape[1]), w.dtype,
+                             {"index": ((off, off + v.shape[1]), (0, w.shape[1]))}, n.line, n.col)
+                vw = new.add("matmul", (m[v.id], wr), (v.shape[0], w.shape[1]), "f32", {"after": m[anchor]},
+                             n.line, n.col)
+                m[cast] = new.add("cast", (vw,), (v.shape[0], w.shape[1]), "f16", {"to": "f16"}, n.line, n.col)
             continue
         c, w = (g.node(i) for i in n.inputs)
         parts, off = [], 0
         for i in c.inputs:
             x = g.node(i)
             k = x.shape[1]
-            wr = new.add("slice", (m[w.id],), (k, w.shape[1]), w.dtype, {"index": ((off, off + k), (0, w.shape[1]))},
-                         n.line, n.col)
-            parts.append(new.add("matmul", (m[i], wr), n.shape, n.dtype, {}, n.line, n.col))
+            if i in casts:          # p_h @ f16(v_h @ W_h)
+                p = g.node(casts[i]).inputs[0]
+                parts.append(new.add("matmul", (m[p], m[i]), n.shape, n.dtype, {}, n.line, n.col))
+            else:
+                wr = new.add("slice", (m[w.id],), (k, w.shape[1]), w.dtype, {"index": ((off, off + k), (0, w.shape[1]))},
+                             n.line, n.col)
+                parts.append(new.add("matmul", (m[i], wr), n.shape, n.dtype, {}, n.line, n.col))
             off += k
         while len(parts) > 1:
             odd = parts[-1:] if len(parts) % 2 else []
@@ -353,3 +400,43 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
                      for j in range(0, len(parts) - 1, 2)] + odd
         m[n.id] = parts[0]
     return rebuilt(g, new, m, first)
+
+
+def _anchor(g: IRGraph, nid) -> int:
+    """The node after which v_h @ W_h is lowered, for a head whose probabilities are nid: the
+    softmax's max (the latest max that nid depends on without a matmul between), where the MXM
+    waits for the reduction, else the latest such matmul (its score; -1 if none). Measured on
+    attention_prefill (tsp-v1) after: the score product 1,674 cycles, the mask 1,662, the max
+    1,626, the exp 1,637, the division 1,648, the f16 rounding 1,642, the transpose 1,656."""
+    seen, todo, best = set(), [nid], {"max": -1, "matmul": -1}
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        n = g.node(i)
+        if n.op in best:
+            best[n.op] = max(best[n.op], i)
+            if n.op == "matmul":
+                continue
+        todo.extend(n.inputs)
+    return best["max"] if best["max"] >= 0 else best["matmul"]
+
+
+def _absorbed(g: IRGraph, xid, w, lanes):
+    """The product p_h @ v_h of a joined head x_h = f16(p_h @ v_h) (each used only there, 2-D,
+    v_h f16) that can take W_h into v_h: p_h @ (v_h @ W_h) makes no more output chunks than
+    p_h @ v_h, and p_h has more than a decode step's few rows (decode heads are rewritten by
+    rewrite_decode). None otherwise."""
+    x = g.node(xid)
+    if x.op != "cast" or x.dtype != "f16" or len(g.users(x.inputs[0])) != 1:
+        return None
+    pv = g.node(x.inputs[0])
+    if pv.op != "matmul" or len(pv.shape) != 2 or pv.dtype != "f32":
+        return None
+    p, v = (g.node(i) for i in pv.inputs)
+    if v.dtype != "f16" or len(v.shape) != 2 or p.shape[0] <= DECODE_ROWS:
+        return None
+    if math.ceil(w.shape[1] / lanes) > math.ceil(v.shape[1] / lanes):
+        return None
+    return pv.id

@@ -121,25 +121,69 @@ def test_critical_path_counts_the_hops_between_vxm_and_mxm():
     install = lat["mem_read"] + -(-320 // m.lw_ports_per_plane) + 1      # weights read, LW, IW
     assert B.critical_path(g1, m) == install + tail
     hops = abs(m.vxm_pos - m.mxm_pos(0))
-    assert B.critical_path(g2, m) == max(install, lat["mem_read"] + lat["vxm_transcendental"] + hops) + tail
+    # the f32 product goes to the VXM to be rounded to f16 (only VXM ops convert an accumulator)
+    assert B.critical_path(g2, m) == max(install, lat["mem_read"] + lat["vxm_transcendental"] + hops) + tail \
+        + hops + lat["vxm"]
+
+
+def test_critical_path_rounds_a_product_on_the_vxm_before_the_next_product():
+    """f16(x @ w1) @ w2: ACC puts f32 on the stream, LW and ABC take f16 or i8, and only a VXM op
+    converts: the first product's row goes to the VXM and back before the second product."""
+    m = MachineConfig.load("tsp-v1")
+    lat = m.latency
+    g = elaborate_source("input x : f16[1, 320]\nweight w1 : f16[320, 320]\nweight w2 : f16[320, 320]\n"
+                         "output y = f16(x @ w1) @ w2\n", "<c>", {})
+    implicit = elaborate_source("input x : f16[1, 320]\nweight w1 : f16[320, 320]\nweight w2 : f16[320, 320]\n"
+                                "output y = (x @ w1) @ w2\n", "<i>", {})
+    d = lat["mxm_abc"] + lat["mxm_acc"]
+    install = lat["mem_read"] + -(-320 // m.lw_ports_per_plane) + 1
+    hops = abs(m.vxm_pos - m.mxm_pos(0))
+    want = install + d + 2 * hops + lat["vxm"] + d + 1 + m.icu_skew
+    assert B.critical_path(g, m) == B.critical_path(implicit, m) == want
 
 
 def test_critical_path_installs_computed_weights_after_their_last_row():
-    """s = x @ k.T with k = f16(x @ w) computed: the install of k.T waits for k's last row (its
-    MACs at the MXM's rate after its first), then an LW and an IW; y's last row waits for its own
-    products the same way (attention_prefill's q @ k.T and p @ v: 383 -> 405 cycles on tsp-v1)."""
+    """s = x @ k.T with k = f16(x @ w) computed: k's rows go through the MXM's inputs (64 rows of
+    64 lanes, at most macs_per_cycle / lanes lanes a cycle) and to the VXM to be rounded; then
+    either k.T is installed (transposed, from k's rows) after k's last row (an LW and an IW) and
+    y's rows follow, or y.T = k @ x.T is made (k's rows through the inputs, x installed
+    transposed) and the SXM turns it into rows (its 64 vectors out of the SXMs' queues): the
+    bound takes the earlier."""
     m = MachineConfig.load("tsp-v1")
     lat = m.latency
     g = elaborate_source("input x : f16[64, 64]\nweight w : f16[64, 64]\n"
                          "output y = x @ f16(x @ w).T\n", "<k>", {})
     d = lat["mxm_abc"] + lat["mxm_acc"]
-    work = -(-64 * 64 * 64 // m.macs_per_cycle("f16"))          # each product's MACs
-    k_first = lat["mem_read"] + -(-64 // m.lw_ports_per_plane) + 1 + d
-    k_last = k_first + work - 1
-    abc = max(k_first + -(-64 // m.lw_ports_per_plane) - 1, k_last) + 2
-    assert B.critical_path(g, m) == abc + work - 1 + d + 1 + m.icu_skew
+    hops = abs(m.vxm_pos - m.mxm_pos(0))
+    work = -(-64 * 64 * m.lanes // m.macs_per_cycle("f16"))          # each product's input lanes
+    k_last = lat["mem_read"] + -(-64 // m.lw_ports_per_plane) + 1 + work - 1 + d + hops + lat["vxm"]
+    rows = k_last + hops + 2 + work - 1 + d                            # k.T installed, y's rows
+    out = -(-64 // (2 * m.sxm_queues_per_hemisphere)) - 1
+    transposed = k_last + hops + d + 1 + lat["sxm"] + out              # y.T made, the SXM's rows
+    assert transposed < rows
+    assert B.critical_path(g, m) == min(rows, transposed) + 1 + m.icu_skew
     one = elaborate_source("input x : f16[1, 64]\nweight w : f16[64, 64]\noutput y = x @ w\n", "<r>", {})
     assert B.critical_path(one, m) == lat["mem_read"] + -(-64 // m.lw_ports_per_plane) + 1 + d + 1 + m.icu_skew
+
+
+def test_bounds_hold_on_random_programs():
+    """No compiled random program (tests/strategies.py) beats any bound, on tiny and tsp-v1: the
+    critical path follows both layouts and the SXM's copies, so schedules that lay a tensor
+    across vectors or route it by the SXM are covered (a fixed sample, not a search)."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    from tests.strategies import programs
+    ms = [MachineConfig.load("tiny"), MachineConfig.load("tsp-v1")]
+
+    @settings(max_examples=60, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(programs(max_ops=8), st.integers(0, 1))
+    def check(dsl, mi):
+        m = ms[mi]
+        prog, g = compile_source(dsl.text, "<f>", {}, m)
+        lb = B.lower_bounds(g, m)
+        for k in BOUND_KEYS:
+            assert prog.predicted_cycles >= lb[k], (k, prog.predicted_cycles, lb, dsl.text)
+    check()
 
 
 def test_runner_on_tiny_writes_json_and_marks_targets(tmp_path, monkeypatch, capsys):
