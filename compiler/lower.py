@@ -266,7 +266,7 @@ class Lowerer:
             t = trip_of.get(nid)
             if t is not None and k in CHAINED and (trip is None or t[0] != trip[0] or t[1] > trip[1]):
                 trip = t
-                segment(*t)
+                segment(*t, t[1] + 1 < len(g.loops[t[0]]))
             while carried and carried[0][0][0] <= nid < carried[0][0][1]:
                 self.hold_carried(carried.pop(0)[1])
             if plan.depth[nid] != depth:
@@ -382,6 +382,7 @@ CHAINED = ("temp", "part", "alias", "output")   # kinds of node that lower to ch
 
 
 def lower(graph: IRGraph, machine, sink, reg: Registry, hooks=None, segment=None) -> Lowered:
-    """segment(loop, trip): called before the first chain of each trip of a top-level loop
-    (the scheduler places a trip like the one before where it provably may, segments.py)."""
+    """segment(loop, trip, more): called before the first chain of each trip of a top-level loop,
+    more: whether another trip follows (the scheduler places a trip like the one before where
+    it provably may, segments.py)."""
     return Lowerer(graph, machine, reg, hooks).run(sink, segment)

@@ -107,16 +107,18 @@ class Scheduler:
         if run:
             self._place(encode(run, self.reg))
 
-    def begin_segment(self, loop: int, trip: int):
+    def begin_segment(self, loop: int, trip: int, more: bool = True):
         """The chains from here to the next call are trip `trip` of top-level loop `loop`
         (segments.py: placed as the trip before, shifted, where that is provably the search's
-        result)."""
+        result); more: whether another trip follows (else no snapshot of the tables is taken
+        for it: a pipeline stage's loop of one trip copied its whole tables for nothing)."""
         self.flush()
         prev = self._close_segment()
         twin = prev if prev is not None and (prev.loop, prev.trip) == (loop, trip - 1) else None
         if twin is not None:
             twin.twin = None
         self.seg = SG.Segment(loop, trip, twin)
+        self.seg.more = more
         self.state[2:6] = SG.NO_WINDOW
 
     def _close_segment(self):
@@ -142,7 +144,7 @@ class Scheduler:
             first, kfirst = e0 - SG.REACH, e0 - SG.REACH + P.DIAG0
         if tw is not None:
             tw.snap = None
-        seg.snap = SG.snapshot(self, first, kfirst)
+        seg.snap = SG.snapshot(self, first, kfirst) if seg.more else None
 
     def _place(self, a: ChainArrays):
         self.markers = _grown(self.markers, len(self.reg.markers))

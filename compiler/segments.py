@@ -46,6 +46,7 @@ class Segment:
         self.delta = 0
         self.window = None                 # (rows lo, hi, stream keys lo, hi), inclusive
         self.snap = None                   # (first row, qbusy rows, bbusy rows, first key, streams)
+        self.more = True                   # another trip follows (else no snapshot is taken)
 
 
 def same_chains(a, b) -> bool:

@@ -16,7 +16,7 @@ from test_replay import LAYERS
 
 def _compile(m, params, segments=True, monkeypatch=None):
     if not segments:
-        monkeypatch.setattr(S.Scheduler, "begin_segment", lambda self, loop, trip: self.flush())
+        monkeypatch.setattr(S.Scheduler, "begin_segment", lambda self, loop, trip, more=True: self.flush())
     stats = CompileStats()
     prog, _ = compile_source(LAYERS, "layers.lpu", params, m, stats)
     return prog, stats
