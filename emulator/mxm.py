@@ -21,7 +21,7 @@ float64 (at most 22 significant bits), a multiple of 2^-48 below 2^32.
 import numpy as np
 from numba import njit
 
-from lpu.emulator.arith import D_I8, wrap32
+from lpu.emulator.arith import D_I8, f16_value, wrap32
 from lpu.emulator.core_streams import H_FLUSH
 
 MANTISSA = 53             # bits of a float64 significand
@@ -233,14 +233,14 @@ def settle(x, n, w, wnorm, y, clo, chi):
 
 
 @njit(cache=True)
-def install(buf, dt, trans, lanes, f16tab, w, wnorm, wcols):
+def install(buf, dt, trans, lanes, w, wnorm, wcols):
     """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed in place if trans) as
     float32 numbers (f16 and i8 values are exact in it); wnorm[n]: the 2-norm of
     column n (for `settle`), rounded up a little; wcols: `row_support`."""
     lo, hi = buf[0], buf[1]
     for k in range(lanes):
         for n in range(lanes):
-            w[k, n] = weight(lo[k, n], hi[k, n], dt, f16tab)
+            w[k, n] = weight(lo[k, n], hi[k, n], dt)
     if trans:
         for k0 in range(0, lanes, 32):
             for n0 in range(k0, lanes, 32):
@@ -252,10 +252,10 @@ def install(buf, dt, trans, lanes, f16tab, w, wnorm, wcols):
 
 
 @njit(cache=True, inline="always")
-def weight(lo, hi, dt, f16tab):
+def weight(lo, hi, dt):
     if dt == D_I8:
         return np.float32(np.int8(lo))
-    return f16tab[np.int64(lo) | (np.int64(hi) << 8)]
+    return f16_value(lo, hi)
 
 
 @njit(cache=True)

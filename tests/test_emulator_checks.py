@@ -129,7 +129,7 @@ def test_vxm_fast_path_equals_general_path(op):
                         fa, fb, ia, u32 = scratch
                         dst = np.full((4, L), 7, np.uint8)
                         if fast:
-                            vxm_fast.compute(c, a, adt, b, bdt, bimm, imm, odt, L - 2, L, F16_TO_F32, fa, fb, u32,
+                            vxm_fast.compute(c, a, adt, b, bdt, bimm, imm, odt, L - 2, L, fa, fb, u32,
                                              u32.view(np.float32), dst)
                         else:
                             A.vxm_compute(c, a, adt, b, bdt, bimm, imm, odt, L - 2, 0, L, F16_TO_F32, fa, fb, ia, u32,
