@@ -39,7 +39,7 @@ from lpu.emulator.mxm import flush, install
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     CORE_OPS, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
     C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SHIFT, C_TPIN,
-    C_TPOUT, C_WRITE, D_F16, D_F32, D_I32, D_I8, WIDTH, i8_to_f16_bits,
+    C_TPOUT, C_WRITE, D_F16, D_F32, D_I32, D_I8, WIDTH, f16_value, i8_to_f16_bits,
     vxm_compute,
 )
 
@@ -123,7 +123,7 @@ def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring, f16tab,
     if reads_b and not stream_read(bref, WIDTH[bdt], p, t, ring, sb, hz):
         return False
     if vxm_fast.handles(op, adt, bdt, bimm, odt):
-        vxm_fast.compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, lanes, f16tab, fa, fb, u32, f32v, so)
+        vxm_fast.compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, lanes, fa, fb, u32, f32v, so)
     else:
         vxm_compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, so)
     counters[K_VXM_BUSY] += 1
@@ -167,7 +167,7 @@ def lw_exec(a, plane, p, t, ex, lanes, spd, ring, lbuf, lw_dt, ord_lw, sa, hz):
 
 
 @njit(cache=True)
-def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f16tab, wts32, wnorm, wcols, wdt, busy,
+def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm, wcols, wdt, busy,
              acc_bits, acc_kind, acc_ready, ord_acc, ord_last, sa, pend_x, pend_meta, pend_n, ybuf, act, bulk_work,
              hz, counters):
     """ABC: timing, hazards, the operand; the product joins the plane's batch (mxm.flush)."""
@@ -213,7 +213,7 @@ def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f
             x[l] = np.float64(np.int8(sa[0, l]))
     else:
         for l in range(lanes):
-            x[l] = f16tab[np.int64(sa[0, l]) | (np.int64(sa[1, l]) << 8)]
+            x[l] = np.float64(f16_value(sa[0, l], sa[1, l]))
     if half != 0:
         zero_run(x[lanes // 2:])
     pend_meta[plane, nb, 0], pend_meta[plane, nb, 1], pend_meta[plane, nb, 2] = row, accum, dt
@@ -227,7 +227,7 @@ def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, f
 
 
 @njit(cache=True)
-def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, f16tab, lbuf, lw_dt, wts32, wnorm, wcols,
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_dt, wts32, wnorm, wcols,
              wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x, pend_meta, pend_n, ybuf, act,
              bulk_work, hz):
     """IW and ACC (LW and ABC: `lw_exec`, `abc_exec`)."""
@@ -254,7 +254,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, f16tab, lb
         lw_dt[plane, :] = -1
         order[0][plane, :] = -1
         busy[plane] = t + 1
-        install(lbuf[plane], dt, trans != 0, lanes, f16tab, wts32[plane], wnorm[plane], wcols[plane])
+        install(lbuf[plane], dt, trans != 0, lanes, wts32[plane], wnorm[plane], wcols[plane])
         wdt[plane] = dt
         wfresh[plane] = 0
         return True
@@ -469,11 +469,11 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
         elif u == U_MXM and op == C_LW:
             ok = lw_exec(a, uidx[i], p, t, i, lanes, spd, ring, lbuf, lw_dt, order[0], sa, hz)
         elif u == U_MXM and op == C_ABC:
-            ok = abc_exec(a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, f16tab, wts32, wnorm,
+            ok = abc_exec(a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm,
                           wcols, wdt, busy, acc_bits, acc_kind, acc_ready, order[1], order[2], sa, pend_x, pend_meta,
                           pend_n, ybuf, act, bulk_work, hz, counters)
         elif u == U_MXM:
-            ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, ring, f16tab, lbuf, lw_dt, wts32,
+            ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, ring, lbuf, lw_dt, wts32,
                           wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x,
                           pend_meta, pend_n, ybuf, act, bulk_work, hz)
         elif u == U_VXM:

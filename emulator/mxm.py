@@ -21,7 +21,7 @@ float64 (at most 22 significant bits), a multiple of 2^-48 below 2^32.
 import numpy as np
 from numba import njit
 
-from lpu.emulator.arith import D_I8, wrap32
+from lpu.emulator.arith import D_I8, f16_value, wrap32
 from lpu.emulator.core_streams import H_FLUSH
 
 MANTISSA = 53             # bits of a float64 significand
@@ -75,12 +75,13 @@ def exact_dot(x, w, m, c):
 
 @njit(cache=True)
 def support(x, n, wcols, wnorm, act):
-    """The part of the product x[:n] @ w that can be nonzero: (na, lo, hi) with act[:na] the
+    """The part of the product x[:n] @ w that can be nonzero: (na, lo, hi, finite) with act[:na] the
     lanes k where some x[b, k] != 0 and [lo, hi) the columns where some weight of those rows is
     nonzero (wcols: `row_support` of w). Every other product is an exact zero, so the exact sum
     of an element is the exact sum over act[:na], and outside [lo, hi) it is +0: valid only
     where every operand is finite (x here, w by its column norms); otherwise every lane and
-    column (na = K, [0, lanes)). (x is scanned row by row, branch-free: a loop that vectorizes.)"""
+    column (na = K, [0, lanes), finite False). (x is scanned row by row, branch-free: a loop that
+    vectorizes.)"""
     kk, lanes = wcols.shape[0], wnorm.shape[0]
     finite = True
     for m in range(lanes):
@@ -104,12 +105,12 @@ def support(x, n, wcols, wnorm, act):
     if not finite:
         for k in range(kk):
             act[k] = k
-        return kk, 0, lanes
+        return kk, 0, lanes, False
     lo, hi = lanes, 0
     for j in range(na):
         lo = min(lo, wcols[act[j], 0])
         hi = max(hi, wcols[act[j], 1])
-    return (na, lo, hi) if lo < hi else (na, 0, 0)
+    return (na, lo, hi, True) if lo < hi else (na, 0, 0, True)
 
 
 @njit(cache=True)
@@ -139,10 +140,10 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
         if exact:
             for k in range(w.shape[0]):
                 act[k] = k
-            na, clo, chi = w.shape[0], 0, lanes
+            na, clo, chi, finite = w.shape[0], 0, lanes, True     # i8: every value finite
         else:
-            na, clo, chi = support(x, n, wcols, wnorm, act)
-        products_over(x, n, w, dt, y, wnorm, act, na, clo, chi)
+            na, clo, chi, finite = support(x, n, wcols, wnorm, act)
+        products_over(x, n, w, dt, y, wnorm, wcols, finite, act, na, clo, chi)
         return
     for b in range(n):
         for m in range(lanes):
@@ -168,19 +169,35 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
 
 
 @njit(cache=True)
-def products_over(x, n, w, dt, y, wnorm, act, na, clo, chi):
-    """y[b, m] for the rows b < n of x: a float64 sum in lane order over the lanes act[:na] and
-    the columns [clo, chi) (`support`; every other element is +0), settled for f16 (`settle`)."""
+def products_over(x, n, w, dt, y, wnorm, wcols, tight, act, na, clo, chi):
+    """y[b, m] for the rows b < n of x: a float64 sum over the lanes act[:na] (four at a time:
+    `settle`'s bound holds for any order) and the columns [clo, chi) (`support`; every other
+    element is +0), settled for f16 (`settle`). With `tight` (every operand finite) a group of
+    lanes adds only over its weight rows' nonzero columns (wcols: `row_support`): the products
+    it skips are exact zeros (block-diagonal weights: packed attention heads)."""
     for b in range(n):
         for m in range(w.shape[1]):
             y[b, m] = 0.0
-    nc = chi - clo
-    for j in range(na):
-        k = act[j]
-        row = w[k, clo:chi]
+    j = 0
+    while j + 4 <= na:      # four lanes a pass: a quarter of the loads and stores of y
+        k0, k1, k2, k3 = act[j], act[j + 1], act[j + 2], act[j + 3]
+        lo, hi = clo, chi
+        if tight:
+            lo = max(clo, min(min(wcols[k0, 0], wcols[k1, 0]), min(wcols[k2, 0], wcols[k3, 0])))
+            hi = min(chi, max(max(wcols[k0, 1], wcols[k1, 1]), max(wcols[k2, 1], wcols[k3, 1])))
+        r0, r1, r2, r3 = w[k0, lo:hi], w[k1, lo:hi], w[k2, lo:hi], w[k3, lo:hi]
         for b in range(n):
-            xk, yb = x[b, k], y[b, clo:chi]
-            for m in range(nc):
+            x0, x1, x2, x3, yb = x[b, k0], x[b, k1], x[b, k2], x[b, k3], y[b, lo:hi]
+            for m in range(hi - lo):
+                yb[m] += (x0 * r0[m] + x1 * r1[m]) + (x2 * r2[m] + x3 * r3[m])
+        j += 4
+    for j in range(j, na):
+        k = act[j]
+        lo, hi = (max(clo, wcols[k, 0]), min(chi, wcols[k, 1])) if tight else (clo, chi)
+        row = w[k, lo:hi]
+        for b in range(n):
+            xk, yb = x[b, k], y[b, lo:hi]
+            for m in range(hi - lo):
                 yb[m] += xk * row[m]
     if dt != D_I8:
         settle(x, n, w, wnorm, y, clo, chi)
@@ -223,14 +240,14 @@ def settle(x, n, w, wnorm, y, clo, chi):
 
 
 @njit(cache=True)
-def install(buf, dt, trans, lanes, f16tab, w, wnorm, wcols):
+def install(buf, dt, trans, lanes, w, wnorm, wcols):
     """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed in place if trans) as
     float32 numbers (f16 and i8 values are exact in it); wnorm[n]: the 2-norm of
     column n (for `settle`), rounded up a little; wcols: `row_support`."""
     lo, hi = buf[0], buf[1]
     for k in range(lanes):
         for n in range(lanes):
-            w[k, n] = weight(lo[k, n], hi[k, n], dt, f16tab)
+            w[k, n] = weight(lo[k, n], hi[k, n], dt)
     if trans:
         for k0 in range(0, lanes, 32):
             for n0 in range(k0, lanes, 32):
@@ -242,10 +259,10 @@ def install(buf, dt, trans, lanes, f16tab, w, wnorm, wcols):
 
 
 @njit(cache=True, inline="always")
-def weight(lo, hi, dt, f16tab):
+def weight(lo, hi, dt):
     if dt == D_I8:
         return np.float32(np.int8(lo))
-    return f16tab[np.int64(lo) | (np.int64(hi) << 8)]
+    return f16_value(lo, hi)
 
 
 @njit(cache=True)
@@ -266,7 +283,7 @@ def blas_products(x, w, dt, wnorm, wcols):
     already (i8)."""
     n, kk = x.shape
     act = np.empty(kk, np.int64)
-    na, lo, hi = support(x, n, wcols, wnorm, act)
+    na, lo, hi, _ = support(x, n, wcols, wnorm, act)
     with np.errstate(invalid="ignore"):
         if na == kk and lo == 0 and hi == w.shape[1]:
             y = x @ w
@@ -313,11 +330,11 @@ def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act,
     if bulk_work == 0:
         products(x, n, wts32[plane], wdt[plane], ybuf, True, wnorm[plane], wcols[plane], act)
     else:
-        na, lo, hi = support(x, n, wcols[plane], wnorm[plane], act)
+        na, lo, hi, finite = support(x, n, wcols[plane], wnorm[plane], act)
         if n * na * (hi - lo) >= bulk_work:
             hz[0], hz[3] = H_FLUSH, plane
             return False
-        products_over(x, n, wts32[plane], wdt[plane], ybuf, wnorm[plane], act, na, lo, hi)
+        products_over(x, n, wts32[plane], wdt[plane], ybuf, wnorm[plane], wcols[plane], finite, act, na, lo, hi)
     accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
     return True

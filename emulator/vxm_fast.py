@@ -7,7 +7,7 @@ tests/test_emulator_checks.py compares the two on random operands."""
 import numpy as np
 from numba import njit
 
-from lpu.emulator.arith import C_ADD, C_CONV, C_DIV, C_MAX, C_MIN, C_MUL, C_SUB, D_F16, D_F32, f32_bits_to_f16
+from lpu.emulator.arith import C_ADD, C_CONV, C_DIV, C_MAX, C_MIN, C_MUL, C_SUB, D_F16, D_F32, f16_value, f32_bits_to_f16
 
 
 @njit(cache=True, inline="always")
@@ -29,10 +29,10 @@ def handles(op, adt, bdt, bimm, odt):
 
 
 @njit(cache=True)
-def _decode(src, dt, lanes, f16tab, u32, f32v, out):
+def _decode(src, dt, lanes, u32, f32v, out):
     if dt == D_F16:
         for l in range(lanes):
-            out[l] = f16tab[np.int64(src[0, l]) | (np.int64(src[1, l]) << 8)]
+            out[l] = f16_value(src[0, l], src[1, l])
     else:
         for l in range(lanes):
             u32[l] = (np.uint32(src[0, l]) | (np.uint32(src[1, l]) << 8) | (np.uint32(src[2, l]) << 16)
@@ -66,12 +66,12 @@ def _binary(op, fa, fb, lanes):
 
 
 @njit(cache=True)
-def compute(op, a, adt, b, bdt, bimm, imm, odt, nv, lanes, f16tab, fa, fb, u32, f32v, dst):
+def compute(op, a, adt, b, bdt, bimm, imm, odt, nv, lanes, fa, fb, u32, f32v, dst):
     """One VXM instruction that `handles` accepted, into the byte planes dst."""
     u32[0] = imm & 0xFFFFFFFF
     fimm = f32v[0]
     if op == C_CONV or bimm != 2:
-        _decode(a, adt, lanes, f16tab, u32, f32v, fa)
+        _decode(a, adt, lanes, u32, f32v, fa)
     else:
         for l in range(lanes):
             fa[l] = fimm
@@ -80,7 +80,7 @@ def compute(op, a, adt, b, bdt, bimm, imm, odt, nv, lanes, f16tab, fa, fb, u32, 
             for l in range(lanes):
                 fb[l] = fimm
         else:
-            _decode(b, bdt, lanes, f16tab, u32, f32v, fb)
+            _decode(b, bdt, lanes, u32, f32v, fb)
         _binary(op, fa, fb, lanes)
     for l in range(lanes):
         f32v[l] = fa[l] if l < nv else np.float32(0.0)

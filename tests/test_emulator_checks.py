@@ -129,7 +129,7 @@ def test_vxm_fast_path_equals_general_path(op):
                         fa, fb, ia, u32 = scratch
                         dst = np.full((4, L), 7, np.uint8)
                         if fast:
-                            vxm_fast.compute(c, a, adt, b, bdt, bimm, imm, odt, L - 2, L, F16_TO_F32, fa, fb, u32,
+                            vxm_fast.compute(c, a, adt, b, bdt, bimm, imm, odt, L - 2, L, fa, fb, u32,
                                              u32.view(np.float32), dst)
                         else:
                             A.vxm_compute(c, a, adt, b, bdt, bimm, imm, odt, L - 2, 0, L, F16_TO_F32, fa, fb, ia, u32,
@@ -138,3 +138,17 @@ def test_vxm_fast_path_equals_general_path(op):
                     assert np.array_equal(outs[0], outs[1]), (op, adt, bdt, odt, bimm)
     assert not vxm_fast.handles(A.C_ADD, A.D_I8, A.D_I8, 0, A.D_I8)
     assert not vxm_fast.handles(A.C_EXP, A.D_F32, 0, 0, A.D_F32)
+
+
+def test_f16_values_by_the_cpu_equal_the_table():
+    """arith.f16_value (the CPU's half -> float conversion, NaNs kept) on every bit pattern."""
+    from numba import njit
+
+    @njit
+    def decode(lo, hi, out):
+        for i in range(out.shape[0]):
+            out[i] = A.f16_value(lo[i], hi[i])
+    bits = np.arange(1 << 16, dtype=np.uint32)
+    out = np.zeros(1 << 16, np.float32)
+    decode((bits & 0xFF).astype(np.uint8), (bits >> 8).astype(np.uint8), out)
+    assert np.array_equal(out.view(np.uint32), F16_TO_F32.view(np.uint32))

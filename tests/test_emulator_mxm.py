@@ -146,6 +146,23 @@ def test_non_finite_products():
     assert_contract(x, w)
 
 
+
+def test_block_diagonal_weights_skip_only_exact_zeros():
+    """Packed heads: the short path adds a group of lanes over its rows' nonzero columns only,
+    unless an operand is not finite (inf * 0 is NaN in the columns it would skip)."""
+    rng = np.random.default_rng(5)
+    k = 64
+    w = np.zeros((k, k))
+    for h in range(4):
+        w[16 * h:16 * h + 16, 16 * h:16 * h + 16] = _f16(rng.integers(-6, 4, (16, 16)), rng.integers(1, 2048, (16, 16)) / 1024,
+                                                           rng.choice([-1, 1], (16, 16)))
+    x = _f16(rng.integers(-6, 4, (5, k)), rng.integers(1, 2048, (5, k)) / 1024, rng.choice([-1, 1], (5, k)))
+    x[:, 3:13] = 0.0                     # a group of four lanes with some rows zero, others not
+    assert_contract(x, w)
+    x[2, 20] = np.inf
+    row, _ = both_paths(x, w)
+    assert np.isnan(row[2, 0]) and np.isinf(row[2, 16]) and not np.isnan(row[1]).any()
+
 def test_bulk_path_recomputes_only_doubtful_elements():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((64, 320)).astype(np.float16).astype(np.float64)
