@@ -56,7 +56,7 @@ def _broadcast_cols(n, cols: int) -> bool:
     return n.shape in ((cols,), (1, cols))
 
 
-def _chain(g: IRGraph, m) -> list | None:
+def _chain(g: IRGraph, m) -> list:
     """[m, elementwise ops...]: the product and its single-user elementwise successors whose
     other operands are broadcast columns or scalars."""
     rows, cols = m.shape
@@ -154,13 +154,13 @@ def late_columns(g: IRGraph, lanes: int) -> IRGraph:
                     ins = tuple(cur if i == prev.id else _cols(new, g, i, m, lo, hi, x) for i in x.inputs)
                     cur = new.add(x.op, ins, (rows, hi - lo), x.dtype, dict(x.attrs), x.line, x.col)
                 parts.append(cur)
-            m[n.id] = new.add("concat", tuple(parts), n.shape, n.dtype, {"axis": 1}, n.line, n.col)
+            m[n.id] = new.add("concat", tuple(parts), n.shape, n.dtype, {"axis": 1, "split": c}, n.line, n.col)
         elif _crossing_transpose(g, n, splits):
             m[n.id] = _transposed_parts(new, g, n, splits, m)
         elif n.id not in member:
             m[n.id] = copied(new, n, m)
     out = rebuilt(g, new, m, first)
-    _mark_late(out, lanes)
+    _mark_late(out)
     return out
 
 
@@ -169,7 +169,8 @@ def _crossing_transpose(g: IRGraph, n, splits: dict) -> bool:
     if n.op != "transpose" or list(n.attrs["perm"]) != [1, 0]:
         return False
     s = g.node(n.inputs[0])
-    if s.op != "slice" or s.inputs[0] not in splits:
+    if s.op != "slice" or s.inputs[0] not in splits or len(s.shape) != 2 \
+            or tuple(s.attrs["index"][0]) != (0, g.node(s.inputs[0]).shape[0]):
         return False
     lo, hi = s.attrs["index"][1]
     return lo < splits[s.inputs[0]][1] < hi
@@ -191,19 +192,19 @@ def _transposed_parts(new, g, n, splits, m) -> int:
     return new.add("concat", tuple(parts), n.shape, n.dtype, {"axis": 0}, n.line, n.col)
 
 
-def _mark_late(g: IRGraph, lanes: int):
+def _mark_late(g: IRGraph):
     """Attribute `late` of each late part's product: the offset to the id of the first matmul
     that reads the early part of its join (ids as in the final graph)."""
     for n in g.nodes():
-        if n.op != "concat" or len(n.inputs) != 2 or n.attrs.get("axis") != 1:
+        if n.op != "concat" or "split" not in n.attrs:
             continue
         early, tail = n.inputs
         mm = g.node(tail)
         while mm.op != "matmul" and mm.inputs:
             mm = g.node(mm.inputs[0])
-        if mm.op != "matmul" or g.node(early).shape[1] % lanes:
+        if mm.op != "matmul":
             continue
-        c = g.node(early).shape[1]
+        c = n.attrs["split"]
         reads = [u for u in g.users(n.id) if g.node(u).op == "slice" and g.node(u).attrs["index"][1][1] <= c]
         targets = [x for u in reads for x in _first_matmuls(g, u)]
         if targets and min(targets) > mm.id:
