@@ -161,6 +161,14 @@ def _keep_old_reads(graph: IRGraph, kind: dict, fused: set, store_ids: dict) -> 
     return out
 
 
+# a late column part (compiler/rewrite_late.py) is lowered this many depths after the first
+# matmul that reads the early part: after a softmax's max, exp, sum and division of the scores
+# (their chains placed first, the product filling the MXM around them). Measured (bert_base
+# L=3 / gpt2_small_prefill): 1: 45,684; 3: 45,187; 4: 44,965; 5: 44,909 / 182,393;
+# 6: 44,900 / 182,368; 7: 45,093; 9: 45,806; not split: 45,867 / 193,247
+LATE_DEPTHS = 6
+
+
 def level_order(graph: IRGraph, kind: dict) -> tuple[list[int], dict]:
     """A topological order by depth: every node after all nodes of smaller depth, so that
     independent work (the heads of an attention, say) is lowered side by side and its chains
@@ -183,10 +191,22 @@ def level_order(graph: IRGraph, kind: dict) -> tuple[list[int], dict]:
                         if kind.get(u) in ("view", "mxm_t", "mxm_cvt"):
                             todo.append(u)
             preds[n.id] += readers
+        elif n.op == "slice" and kind.get(n.inputs[0]) == "joined":
+            preds[n.id] = _parts_read(graph, n)
+    depth = _depths(nodes, preds, {})
+    late = {n.id: depth[n.id + n.attrs["late"]] + LATE_DEPTHS for n in nodes if n.attrs.get("late")}
+    if late:
+        depth = _depths(nodes, preds, late)
+    return sorted(depth, key=lambda i: (depth[i], i)), depth
+
+
+def _depths(nodes, preds: dict, late: dict) -> dict:
+    """Each node's depth: 1 + its deepest predecessor's, at least late[n] (a late column part,
+    compiler/rewrite_late.py), and a node of row group g after every node of group g - 1."""
     depth = {}
     deepest: dict[int, int] = {}       # row group -> its deepest node so far (this region's)
     for n in nodes:
-        depth[n.id] = 1 + max((depth[p] for p in preds[n.id]), default=-1)
+        depth[n.id] = max(1 + max((depth[p] for p in preds[n.id]), default=-1), late.get(n.id, 0))
         if "after" in n.attrs:        # lowered after that node (off its path: rewrite_pack)
             depth[n.id] = max(depth[n.id], depth[n.attrs["after"]] + 1)
         g = n.attrs.get("rows")
@@ -197,7 +217,22 @@ def level_order(graph: IRGraph, kind: dict) -> tuple[list[int], dict]:
         if g > 0 and g - 1 in deepest:                  # after every node of the group before
             depth[n.id] = max(depth[n.id], deepest[g - 1] + 1)
         deepest[g] = max(deepest.get(g, -1), depth[n.id])
-    return sorted(depth, key=lambda i: (depth[i], i)), depth
+    return depth
+
+
+def _parts_read(graph: IRGraph, n) -> list:
+    """The parts of a joined concat that slice n reads (it waits for those only)."""
+    cat = graph.node(n.inputs[0])
+    ax = 0 if cat.attrs["axis"] in (0, -2) else len(cat.shape) - 1
+    ix = n.attrs["index"][ax] if ax < len(n.attrs["index"]) else None
+    lo, hi = (ix, ix + 1) if isinstance(ix, int) else tuple(ix) if ix is not None else (0, cat.shape[ax])
+    out, off = [], 0
+    for i in cat.inputs:
+        w = graph.node(i).shape[ax]
+        if off < hi and lo < off + w:
+            out.append(i)
+        off += w
+    return out
 
 
 def _joins_rows(graph: IRGraph, kind: dict, n, lanes: int) -> bool:
