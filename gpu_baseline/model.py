@@ -17,7 +17,8 @@ Passes, in order:
   4. cost:    per kernel. GEMM and attention kernels: max(compute, memory) + gemm_fixed_us.
               compute: GEMMs by gemm_plan (a cuBLAS-like choice of output tile and split-K from
               the config's tiles, wave-quantized over the SMs at the tensor peak x tensor
-              efficiency, steered away from tiles L2 cannot feed); flash attention by query-row
+              efficiency, steered away from tiles L2 cannot feed; with the config's gemm_plan_bound
+              the plan's memory time bounds the kernel too); flash attention by query-row
               blocks at the tensor peak x attention efficiency. memory: bytes at HBM bandwidth x
               HBM efficiency, or at L2 bandwidth for intermediates that fit in L2. Weights and
               states (KV cache) stream from HBM, read once per kernel.
@@ -181,9 +182,11 @@ def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, i
     """cuBLAS-like heuristic: of the config's tiles and split-K factors, the plan with the least
     time. Each thread block computes a padded tile_m x tile_n x (K / split) block at the SM's
     share of the tensor peak x tensor_efficiency; blocks run in waves of sm_count. Operands come
-    from HBM once at the share of the SMs that have a block, and L2 serves every block its
-    (tile_m + tile_n) x K operands (small tiles on a fast GPU are L2-bound); split-K adds f32
-    partials and one reduce kernel."""
+    from HBM once at the share of the SMs that have a block (each at most gemm_hbm_share times its
+    own), and L2 serves every block its (tile_m + tile_n) x K operands (small tiles on a fast GPU
+    are L2-bound); split-K (up to gemm_split_k_max_rows rows) adds f32 partials and one reduce
+    kernel. With gemm_narrow_tiles_own_rows a tile under 128 rows serves only M up to its rows.
+    The rule's fields are per GPU generation (gpus/*.toml)."""
     rate_sm = peak * gpu.tensor_efficiency / gpu.sm_count
     bw = gpu.hbm_gbs * 1e9 * gpu.hbm_efficiency
     l2_bw = gpu.l2_gbs * 1e9 * gpu.hbm_efficiency
