@@ -39,7 +39,12 @@ class GpuConfig:
     allreduce_latency_us: float  # fixed time of one small all-reduce in a group
     step_host_graph_us: float   # host time per forward pass outside the kernels, CUDA-graph runs
     step_host_stream_us: float  # the same for stream-launched runs (end-to-end figures)
+    gemm_split_k_max_rows: int  # GEMMs of more rows never split K
+    gemm_hbm_share: float     # a GEMM's busy SM streams up to this many times its share of HBM bandwidth
     gemm_tiles: tuple = ()    # ((rows, cols), ...): output tiles the GEMM heuristic picks from
+    gemm_narrow_tiles_own_rows: bool = False  # a tile under 128 rows serves only M up to its rows
+    gemm_plan_bound: bool = False  # the plan's whole time (HBM share, L2 feed) is the GEMM's compute
+                                   # term; False: those terms only steer the plan's choice
     source: str = ""
 
     @property
@@ -62,6 +67,7 @@ class GpuConfig:
 
 _FLOAT_FIELDS = tuple(f.name for f in fields(GpuConfig) if f.type == "float")
 _INT_FIELDS = tuple(f.name for f in fields(GpuConfig) if f.type == "int")
+_BOOL_FIELDS = tuple(f.name for f in fields(GpuConfig) if f.type == "bool")
 _FRACTIONS = ("hbm_efficiency", "tensor_efficiency", "cuda_efficiency", "attention_efficiency",
               "nvlink_efficiency")
 
@@ -115,6 +121,13 @@ def gpu_from_dict(data: dict, source: str = "<dict>") -> GpuConfig:
             raise ConfigError(f"{source}: field '{k}' is a fraction and must be at most 1, got {v!r}")
         vals[k] = float(v) if k in _FLOAT_FIELDS else v
     vals["gemm_tiles"] = _tiles(data.get("gemm_tiles"), source)
+    for k in _BOOL_FIELDS:
+        v = data.get(k)
+        if k not in data:
+            raise ConfigError(f"{source}: field '{k}' is missing")
+        if not isinstance(v, bool):
+            raise ConfigError(f"{source}: field '{k}' must be true or false, got {v!r}")
+        vals[k] = v
     unknown = set(data) - set(vals) - {"name"}
     if unknown:
         raise ConfigError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}")

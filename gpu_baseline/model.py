@@ -17,7 +17,8 @@ Passes, in order:
   4. cost:    per kernel. GEMM and attention kernels: max(compute, memory) + gemm_fixed_us.
               compute: GEMMs by gemm_plan (a cuBLAS-like choice of output tile and split-K from
               the config's tiles, wave-quantized over the SMs at the tensor peak x tensor
-              efficiency, steered away from tiles L2 cannot feed); flash attention by query-row
+              efficiency, steered away from tiles L2 cannot feed; with the config's gemm_plan_bound
+              the plan's memory time bounds the kernel too); flash attention by query-row
               blocks at the tensor peak x attention efficiency. memory: bytes at HBM bandwidth x
               HBM efficiency, or at L2 bandwidth for intermediates that fit in L2. Weights and
               states (KV cache) stream from HBM, read once per kernel.
@@ -161,10 +162,6 @@ def _tensor_peak(gpu: GpuConfig, da: str, db: str):
 
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
-# cuBLAS 13 on the H200 split K for 1 to 256 rows and never from 512 rows up (data/gemm-kernels-h200.json,
-# Llama shapes); taken for every GPU. Fit-set loss of fit.py without / with the limit: A100 0.0772 / 0.0778,
-# H100 0.0761 / 0.0735, H200 0.0678 / 0.0653.
-SPLIT_K_MAX_ROWS = 256
 MIN_K_PER_SPLIT = 256         # assumption: split-K slices no thinner than 256 (cuBLAS k-tiles of 64 x 4 stages)
 
 
@@ -185,9 +182,11 @@ def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, i
     """cuBLAS-like heuristic: of the config's tiles and split-K factors, the plan with the least
     time. Each thread block computes a padded tile_m x tile_n x (K / split) block at the SM's
     share of the tensor peak x tensor_efficiency; blocks run in waves of sm_count. Operands come
-    from HBM once at the share of the SMs that have a block, and L2 serves every block its
-    (tile_m + tile_n) x K operands (small tiles on a fast GPU are L2-bound); split-K adds f32
-    partials and one reduce kernel."""
+    from HBM once at the share of the SMs that have a block (each at most gemm_hbm_share times its
+    own), and L2 serves every block its (tile_m + tile_n) x K operands (small tiles on a fast GPU
+    are L2-bound); split-K (up to gemm_split_k_max_rows rows) adds f32 partials and one reduce
+    kernel. With gemm_narrow_tiles_own_rows a tile under 128 rows serves only M up to its rows.
+    The rule's fields are per GPU generation (gpus/*.toml)."""
     rate_sm = peak * gpu.tensor_efficiency / gpu.sm_count
     bw = gpu.hbm_gbs * 1e9 * gpu.hbm_efficiency
     l2_bw = gpu.l2_gbs * 1e9 * gpu.hbm_efficiency
@@ -196,15 +195,18 @@ def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, i
     for tm, tn in gpu.gemm_tiles:
         if tm < 64 and m > 4 * tm:   # skinny tiles (8, 16 rows) serve only few rows (H200 kernel names)
             continue
+        if gpu.gemm_narrow_tiles_own_rows and tm < 128 and m > tm:
+            continue
         tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
         for s in SPLITS:
-            if s > 1 and (k / s < MIN_K_PER_SPLIT or tiles >= gpu.sm_count or m > SPLIT_K_MAX_ROWS):
+            if s > 1 and (k / s < MIN_K_PER_SPLIT or tiles >= gpu.sm_count or m > gpu.gemm_split_k_max_rows):
                 break
             ctas = tiles * s
             waves = math.ceil(ctas / gpu.sm_count)
             compute = 1e6 * waves * 2.0 * tm * tn * math.ceil(k / s) / rate_sm
-            # fewer blocks than SMs leave SMs idle; an SM streams up to twice its share (assumption)
-            memory = 1e6 * (base + (2 * s * batch * m * n * 4 if s > 1 else 0)) / bw / min(1.0, 2 * ctas / gpu.sm_count)
+            # fewer blocks than SMs leave SMs idle; a busy SM streams up to gemm_hbm_share times its share
+            memory = 1e6 * (base + (2 * s * batch * m * n * 4 if s > 1 else 0)) / bw / min(
+                1.0, gpu.gemm_hbm_share * ctas / gpu.sm_count)
             # every block streams its A rows and B columns through L2: small tiles re-read more
             memory = max(memory, 1e6 * ctas * (tm + tn) * math.ceil(k / s) * in_bytes / l2_bw)
             t = max(compute, memory) + (gpu.kernel_fixed_us if s > 1 else 0.0)   # + the reduce kernel
@@ -286,7 +288,7 @@ def _cost_kernel(graph, nodes, free, k: Kernel, kernel_of, gpu: GpuConfig, launc
     split = tp.split if tp else {}
     causal = [nodes[m] for m in k.members if nodes[m].op == "causal"]
     mm_frac = _causal_fraction(causal[0]) if k.flash and causal else 1.0
-    tc_us = cuda_flops = mm_flops = extra_bytes = 0.0
+    tc_us = cuda_flops = mm_flops = extra_bytes = plan_memory_us = 0.0
     flash_flops, flash_dims = 0.0, None
     for m in k.members:
         n = nodes[m]
@@ -304,7 +306,10 @@ def _cost_kernel(graph, nodes, free, k: Kernel, kernel_of, gpu: GpuConfig, launc
                 flash_dims = flash_dims or (batch, mm, nn)
             else:
                 plan = gemm_plan(gpu, batch, mm, kk, nn, peak)
-                tc_us += plan.compute_us + (gpu.kernel_fixed_us if plan.split_k > 1 else 0.0)
+                reduce_us = gpu.kernel_fixed_us if plan.split_k > 1 else 0.0
+                tc_us += plan.compute_us + reduce_us
+                if gpu.gemm_plan_bound:     # the plan's HBM share and L2 feed bound the kernel too
+                    plan_memory_us = max(plan_memory_us, plan.memory_us + reduce_us)
                 if plan.split_k > 1:
                     extra_bytes += 2 * plan.split_k * batch * mm * nn * 4
         else:
@@ -349,6 +354,8 @@ def _cost_kernel(graph, nodes, free, k: Kernel, kernel_of, gpu: GpuConfig, launc
         l2 += extra_passes * sum(nb / split.get(b, 1) for b, nb in reads.items())
     eff = gpu.hbm_efficiency
     memory_us = 1e6 * (hbm / (gpu.hbm_gbs * 1e9 * eff) + l2 / (gpu.l2_gbs * 1e9 * eff))
+    if plan_memory_us:        # the epilogue's CUDA-core work follows the plan's last operand bytes
+        memory_us = max(memory_us, plan_memory_us + cuda_us)
 
     if row:                   # memory-bound kernel: fixed + its chain of dependent loads + bytes
         memory_us = 1e6 * (hbm / (gpu.hbm_gbs * 1e9) + l2 / (gpu.l2_gbs * 1e9))

@@ -189,6 +189,33 @@ def test_gemm_plan_picks_small_tiles_and_split_k_for_narrow_shapes():
     assert achieved == pytest.approx(H200.tensor_efficiency, rel=0.05)
 
 
+def test_h100_gemm_rule_from_its_config():
+    """The H100's GEMM rule (gpus/h100-sxm.toml): 64-row tiles only up to 64 rows, split-K up to 512
+    rows, and the plan's whole time (HBM share, L2 feed) in the kernel's cost; each switch is the
+    config's, so the same code with the H200's fields keeps the H200's rule."""
+    import dataclasses
+    h100 = load_gpu("h100-sxm")
+    peak = h100.tensor_f16_tflops * 1e12
+    assert gemm_plan(h100, 1, 64, 11008, 4096, peak).tile_m == 64
+    assert gemm_plan(h100, 1, 72, 11008, 4096, peak).tile_m == 128      # not 64-row tiles past 64 rows
+    loose = dataclasses.replace(h100, gemm_narrow_tiles_own_rows=False)
+    assert gemm_plan(loose, 1, 72, 11008, 4096, peak).tile_m == 64
+    # split-K: allowed at 512 rows on the H100, never past 256 on the H200
+    assert gemm_plan(h100, 1, 512, 11008, 4096, peak).split_k > 1
+    assert gemm_plan(dataclasses.replace(h100, gemm_split_k_max_rows=256), 1, 512, 11008, 4096, peak).split_k == 1
+    # the plan's whole time: a narrow GEMM whose few blocks cannot pull HBM at full rate costs more with it
+    g = workloads.linear(4096, 4096, m_rows=64)
+    bound = cost_graph(g, h100, "none").total_us
+    steer = cost_graph(g, dataclasses.replace(h100, gemm_plan_bound=False), "none").total_us
+    assert bound > steer
+    plan = gemm_plan(h100, 1, 64, 4096, 4096, peak)
+    assert bound == pytest.approx(max(plan.compute_us, plan.memory_us) + h100.gemm_fixed_us, rel=0.05)
+    for bad in (1, "yes"):
+        d = {k: getattr(h100, k) for k in h100.__dataclass_fields__ if k != "source"}
+        with pytest.raises(ConfigError, match="gemm_plan_bound"):
+            gpu_from_dict({**d, "gemm_plan_bound": bad})
+
+
 def test_row_kernel_model():
     from lpu.gpu_baseline.model import REREAD_LATENCY
     # one row of 4,096 with Sarathi's kernel (one block of 1,024 threads, one element per load):
@@ -326,8 +353,7 @@ def test_validation_set_is_broad_and_split_before_fitting(rows):
 # Issue 16's targets (validate.HELD_OUT_MEDIAN, WORST, TP_DECODE) on the A100 and the H100, asserted
 # as they hold today. The A100 and H100 cases beyond WORST, each with the most it may miss by (so that
 # a regression fails); a case may leave this list, none may join it: a plain model miss, at the bound.
-KNOWN_MISSES = {"vidur h100 Llama-2-7b TP1 mlp_down_proj T=128": 0.26,
-                "vidur h100 Llama-2-7b TP1 mlp_up_proj T=256": 0.45}     # cuBLAS's kernel choice (its note)
+KNOWN_MISSES = {"vidur h100 Llama-2-7b TP1 mlp_up_proj T=256": 0.39}     # cuBLAS's kernel choice (its note)
 # Rows their own source contradicts (validation.toml `exclude`): in no median, target or fit.
 EXCLUDED = {"gpt-fast llama3.1-70b TP2": "contradicts its own table"}
 HELD_OUT_MEDIAN_BY_GPU = {"a100-80gb": validate.HELD_OUT_MEDIAN, "h100-sxm": validate.HELD_OUT_MEDIAN,

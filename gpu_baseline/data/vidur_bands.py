@@ -12,7 +12,7 @@ these as fast; make_validation.py excludes the validation rows that far above it
 median |error| against the rows and against the envelope, and which token counts lie beyond 25% of
 each; then row, envelope and model at TOKENS (default 128 256). --all: every linear of every
 model's CSV (all models, all TP degrees; shapes from the CSV's own columns), the model's signed and
-absolute median error per band of token counts, and in the 65-128 band per band of N: whether a
+absolute median error over all its rows and per band of token counts, and in the 65-128 band per band of N: whether a
 miss is the row's or the model's across shapes."""
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ def profile(clone: str, vg: str):
     gpu = load_gpu(VIDUR_GPU[vg])
     errs = [(t, n, cost_graph(workloads.linear(k, n, m_rows=t), gpu, launch="none", inputs_in_l2=True).total_us / us - 1)
             for t, k, n, us in all_linears(clone, vg)]
-    print(f"{vg}: {len(errs)} linear rows (every model and TP degree of the CSVs)")
+    print(f"{vg}: {len(errs)} linear rows (every model and TP degree of the CSVs): median |error| "
+          f"{100 * statistics.median(abs(x) for _, _, x in errs):.1f}%, beyond 25%: {sum(abs(x) > 0.25 for _, _, x in errs)}")
     for lo, hi in M_BANDS:
         e = [x for t, _, x in errs if lo <= t <= hi]
         print(f"    tokens {lo:>4}-{hi:<4}: {len(e):5d} rows, median error {100 * statistics.median(e):+5.1f}%, "
