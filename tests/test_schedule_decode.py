@@ -210,3 +210,61 @@ def test_decode_heads_read_the_caches_in_place(machine, d, heads, roped, scale):
                 #                         past their end with their own scores: no MASK to -inf
                 assert all(n.attrs.get("fill") for n in stacked if n.shape[-1] == 10)
                 assert not np.any(prog.op == code["MASK"])
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_layernorm_variance_is_lowered_from_two_independent_sums(machine, monkeypatch):
+    """compiler/rewrite_latency.py: layernorm's mean(d * d), d = x - mean(x), is lowered as
+    mean(x * x) - mu * mu (no sum waits for another), which matches the two-pass reference and
+    is faster on a decode row; a square of x minus something else than its mean stays."""
+    from lpu.compiler import driver
+    from lpu.compiler.frontend import elaborate_source
+    from lpu.compiler.rewrite_latency import one_pass_var
+    src = ("input x : f16[1, 768]\ninput y : f32[3, 50]\nweight g : f32[768]\nweight b : f32[768]\n"
+           "output u = f16(layernorm(x, g, b))\noutput v = layernorm(y, y[0], y[1])\n"
+           "e = y - y[2]\noutput w = mean(e * e)\n")
+    g = elaborate_source(src, "n.lpu", {})
+    t = one_pass_var(g)
+
+    def feeds_a_mean(n, graph):       # n reads (through other nodes) a mean
+        todo = list(n.inputs)
+        while todo:
+            i = graph.node(todo.pop())
+            if i.op == "mean":
+                return True
+            todo.extend(i.inputs)
+        return False
+
+    assert sum(feeds_a_mean(n, g) for n in g.nodes() if n.op == "mean") == 2   # the source's two-pass
+    assert len([n for n in t.nodes() if n.op == "mean"]) == 5
+    assert not any(feeds_a_mean(n, t) for n in t.nodes() if n.op == "mean")
+    w = t.node(t.node(t.outputs["w"]).inputs[0])
+    sq = t.node(w.inputs[0])
+    assert w.op == "mean" and sq.op == "mul" and sq.inputs[0] == sq.inputs[1] and t.node(sq.inputs[0]).op == "sub"
+    prog = _run_checked(src, machine)
+    monkeypatch.setattr(driver, "one_pass_var", lambda graph: graph)
+    two_pass = _run_checked(src, machine)
+    assert prog.predicted_cycles < two_pass.predicted_cycles
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_an_uneven_decode_product_of_i8_weights_is_split_over_k(machine, monkeypatch):
+    """compiler/rewrite_latency.py split_gemv: a one-row product with f16(i8 weights) of 3 output
+    chunks (2 plane pairs) and 10 K-tiles (gpt2's w2) is the sum of two products over K's
+    halves, which matches the reference and is faster; 2 chunks (even) stay one product."""
+    from lpu.compiler import driver
+    from lpu.compiler.frontend import elaborate_source
+    from lpu.compiler.rewrite_latency import split_gemv
+    m = MachineConfig.load(machine)
+    k, n3 = 10 * m.lanes, 3 * m.lanes
+    src = f"input x : f16[1, {k}]\nweight w : i8[{k}, {n3}]\noutput y = f16(x @ f16(w))\n"
+    even = f"input x : f16[1, {k}]\nweight v : i8[{k}, {2 * m.lanes}]\noutput z = f16(x @ f16(v))\n"
+    t = split_gemv(elaborate_source(src, "g.lpu", {}), m)
+    mm = [n for n in t.nodes() if n.op == "matmul"]
+    assert sorted(t.node(n.inputs[0]).shape[-1] for n in mm) == [5 * m.lanes, 5 * m.lanes]
+    e = elaborate_source(even, "e.lpu", {})
+    assert split_gemv(e, m) is e
+    prog = _run_checked(src, machine)
+    monkeypatch.setattr(driver, "split_gemv", lambda graph, machine: graph)
+    whole = _run_checked(src, machine)
+    assert prog.predicted_cycles < whole.predicted_cycles
