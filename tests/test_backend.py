@@ -180,12 +180,17 @@ def test_lane_reductions_on_tsp(tsp, expr, cols):
     assert chk["ok"], chk
 
 
-SMALL_PROGRAMS = ["matmul", "mlp", "attention_prefill", "attention_decode", "gpt2_block_prefill",
+BUNDLED_PROGRAMS = ["matmul", "mlp", "attention_prefill", "attention_decode", "gpt2_block_prefill",
                   "gpt2_block_decode", "llama_block_decode",
-                  pytest.param("llama_block_prefill", marks=pytest.mark.slow)]
+                  pytest.param("llama_block_prefill", marks=pytest.mark.slow),
+                  # the 12-layer models: a rewrite exact on few layers can drift past the tolerance
+                  # on twelve (a one-pass f16 variance did: gpt2_small_prefill's kc off by 8.0)
+                  pytest.param("gpt2_small_prefill", marks=pytest.mark.slow),
+                  pytest.param("gpt2_small_decode", marks=pytest.mark.slow),
+                  pytest.param("bert_base", marks=pytest.mark.slow)]
 
 
-@pytest.mark.parametrize("name", SMALL_PROGRAMS)
+@pytest.mark.parametrize("name", BUNDLED_PROGRAMS)
 def test_bundled_program_checks_on_tsp(tsp, name):
     prog, graph = api.compile(os.path.join(PROGRAMS, f"{name}.lpu"), {}, tsp)
     values = api.inputs_for(graph, prog, 0)

@@ -216,15 +216,18 @@ def test_decode_heads_read_the_caches_in_place(machine, d, heads, roped, scale):
 def test_layernorm_variance_is_lowered_from_two_independent_sums(machine, monkeypatch):
     """compiler/rewrite_latency.py: layernorm's mean(d * d), d = x - mean(x), is lowered as
     mean(x * x) - mu * mu (no sum waits for another), which matches the two-pass reference and
-    is faster on a decode row; a square of x minus something else than its mean stays."""
+    is faster on a decode row; a square of x minus something else than its mean stays, and so
+    does an f16 row's variance (x * x overflows f16 from |x| = 256 on)."""
     from lpu.compiler import driver
     from lpu.compiler.frontend import elaborate_source
     from lpu.compiler.rewrite_latency import one_pass_var
-    src = ("input x : f16[1, 768]\ninput y : f32[3, 50]\nweight g : f32[768]\nweight b : f32[768]\n"
+    src = ("input x : f32[1, 768]\ninput y : f32[3, 50]\nweight g : f32[768]\nweight b : f32[768]\n"
            "output u = f16(layernorm(x, g, b))\noutput v = layernorm(y, y[0], y[1])\n"
            "e = y - y[2]\noutput w = mean(e * e)\n")
     g = elaborate_source(src, "n.lpu", {})
     t = one_pass_var(g)
+    f16 = elaborate_source(src.replace("x : f32", "x : f16").replace("y : f32", "y : f16"), "h.lpu", {})
+    assert one_pass_var(f16) is f16
 
     def feeds_a_mean(n, graph):       # n reads (through other nodes) a mean
         todo = list(n.inputs)
