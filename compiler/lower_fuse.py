@@ -185,7 +185,7 @@ def _group_size(lw, tree, nvec) -> int:
         return False
 
     one = nvec < 2 or not shared(tree)
-    del shared      # a recursive closure is a reference cycle
+    shared = None   # a recursive closure is a reference cycle
     if one:
         return 1
     return max(1, min(GROUP, lw.m.vxm_alus // _ops(tree)))
@@ -235,7 +235,7 @@ def _fused_chain(lw, n, tree, items) -> bool:
     for k, out_slot, nv in items:
         go = (cb.write(out_slot, dtype_width(n.dtype), vpos, lat), DTYPE_CODE[n.dtype])
         emit(tree, 0, go, nv)
-    del emit        # a recursive closure is a reference cycle: left, it holds the chain until a GC pass
+    emit = None     # a recursive closure is a reference cycle: left, it holds the chain until a GC pass
     if cb.mem_conflict():
         return False
     need: dict = {}

@@ -198,7 +198,7 @@ def _tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
         emit(root, 0, (g, DTYPE_CODE[cdt]))
         go = (cb.write(dst[0], dtype_width(dst[1]), vpos, lat + c.lat[pop]), DTYPE_CODE[dst[1]])
         cb.vxm(pop, lat, (g, DTYPE_CODE[cdt]), None, go, nv=nv, imm=imm, bimm=1)
-    del emit        # a recursive closure is a reference cycle: left, it holds the chain until a GC pass
+    emit = None     # a recursive closure is a reference cycle: left, it holds the chain until a GC pass
     conflict = cb.mem_conflict()
     if len(leaves) == 2 and conflict:     # two leaves on one bank in one cycle: copy one first
         _tree_chain(lw, n, vop, [leaves[0], stage(lw, n, leaves[1], leaves[0])], dst, nv, held, post)

@@ -304,6 +304,26 @@ def rebuilding(g: IRGraph) -> IRGraph:
     return new
 
 
+DROP = -1          # rebuild's node function: n is not copied (only its replacement read it)
+
+
+def rebuild(g: IRGraph, node) -> IRGraph:
+    """g copied node by node into a new graph: node(new, n, m) adds n's replacement and returns
+    its id, returns None to copy n as it is, or DROP to leave n out (m maps old ids to new ones;
+    it may set m itself). The rest as `rebuilt`."""
+    new = rebuilding(g)
+    m: dict[int, int] = {}
+    first: dict[int, int] = {}
+    for n in g.nodes():
+        first[n.id] = len(new)
+        r = node(new, n, m)
+        if r is None:
+            m[n.id] = copied(new, n, m)
+        elif r != DROP:
+            m[n.id] = r
+    return rebuilt(g, new, m, first)
+
+
 def copied(new: IRGraph, n, m: dict) -> int:
     """Node n added to new as it is, its inputs (and the node its attribute `after` names,
     compiler/plan.level_order) mapped through m (old id -> new id)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from lpu.compiler import ops
 from lpu.compiler.ir import IRGraph
-from lpu.compiler.rewrite import MIN_Q, copied, rebuilding, rebuilt
+from lpu.compiler.rewrite import DROP, MIN_Q, rebuild
 
 
 def _depths(g: IRGraph) -> dict:
@@ -137,11 +137,8 @@ def late_columns(g: IRGraph, lanes: int) -> IRGraph:
     if not splits:
         return g
     member = {x.id for chain, _ in splits.values() for x in chain}
-    new = rebuilding(g)
-    m: dict[int, int] = {}
-    first: dict[int, int] = {}
-    for n in g.nodes():
-        first[n.id] = len(new)
+
+    def node(new, n, m):
         if n.id in splits:
             chain, c = splits[n.id]
             rows, cols = n.shape
@@ -154,12 +151,11 @@ def late_columns(g: IRGraph, lanes: int) -> IRGraph:
                     ins = tuple(cur if i == prev.id else _cols(new, g, i, m, lo, hi, x) for i in x.inputs)
                     cur = new.add(x.op, ins, (rows, hi - lo), x.dtype, dict(x.attrs), x.line, x.col)
                 parts.append(cur)
-            m[n.id] = new.add("concat", tuple(parts), n.shape, n.dtype, {"axis": 1, "split": c}, n.line, n.col)
-        elif _crossing_transpose(g, n, splits):
-            m[n.id] = _transposed_parts(new, g, n, splits, m)
-        elif n.id not in member:
-            m[n.id] = copied(new, n, m)
-    out = rebuilt(g, new, m, first)
+            return new.add("concat", tuple(parts), n.shape, n.dtype, {"axis": 1, "split": c}, n.line, n.col)
+        if _crossing_transpose(g, n, splits):
+            return _transposed_parts(new, g, n, splits, m)
+        return DROP if n.id in member else None
+    out = rebuild(g, node)
     _mark_late(out)
     return out
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler.ir import IRGraph
-from lpu.compiler.rewrite import copied, rebuilding, rebuilt
+from lpu.compiler.rewrite import DROP, rebuild
 
 FEW_ROWS = 16     # rows of a decode step's products (compiler/lower_mxm.py's FEW_ROWS)
 MIN_MOVED = 16    # weight-load cycles a K split must move to the other pair to outweigh its add
@@ -71,22 +71,18 @@ def one_pass_var(g: IRGraph) -> IRGraph:
     if not cands:
         return g
     squares = {c[2] for c in cands.values()}      # only the variance reads them: not copied
-    new = rebuilding(g)
-    m: dict[int, int] = {}
-    first: dict[int, int] = {}
-    for n in g.nodes():
-        first[n.id] = len(new)
+
+    def node(new, n, m):
         if n.id in squares:
-            continue
+            return DROP
         if n.id not in cands:
-            m[n.id] = copied(new, n, m)
-            continue
+            return None
         x, mu = (g.node(i) for i in cands[n.id][:2])
         xx = new.add("mul", (m[x.id], m[x.id]), x.shape, n.dtype, {}, n.line, n.col)
         ex2 = new.add("mean", (xx,), n.shape, n.dtype, dict(n.attrs), n.line, n.col)
         mu2 = new.add("mul", (m[mu.id], m[mu.id]), mu.shape, n.dtype, {}, n.line, n.col)
-        m[n.id] = new.add("sub", (ex2, mu2), n.shape, n.dtype, {}, n.line, n.col)
-    return rebuilt(g, new, m, first)
+        return new.add("sub", (ex2, mu2), n.shape, n.dtype, {}, n.line, n.col)
+    return rebuild(g, node)
 
 
 def _uneven_gemv(g: IRGraph, n, lanes: int, units: int, lw_cycles: int):
@@ -113,16 +109,12 @@ def split_gemv(g: IRGraph, machine) -> IRGraph:
     if not cands:
         return g
     casts = {g.node(nid).inputs[1] for nid in cands}
-    new = rebuilding(g)
-    m: dict[int, int] = {}
-    first: dict[int, int] = {}
-    for n in g.nodes():
-        first[n.id] = len(new)
+
+    def node(new, n, m):
         if n.id in casts:
-            continue
+            return DROP
         if n.id not in cands:
-            m[n.id] = copied(new, n, m)
-            continue
+            return None
         a, b = g.node(n.inputs[0]), g.node(n.inputs[1])
         w8 = g.node(b.inputs[0])
         rows, k, cols = a.shape[0], a.shape[1], n.shape[1]
@@ -132,5 +124,5 @@ def split_gemv(g: IRGraph, machine) -> IRGraph:
             wp = new.add("slice", (m[w8.id],), (k1 - k0, cols), w8.dtype, {"index": ((k0, k1), (0, cols))}, n.line, n.col)
             bp = new.add("cast", (wp,), (k1 - k0, cols), b.dtype, dict(b.attrs), n.line, n.col)
             parts.append(new.add("matmul", (ap, bp), n.shape, n.dtype, dict(n.attrs), n.line, n.col))
-        m[n.id] = new.add("add", tuple(parts), n.shape, n.dtype, {}, n.line, n.col)
-    return rebuilt(g, new, m, first)
+        return new.add("add", tuple(parts), n.shape, n.dtype, {}, n.line, n.col)
+    return rebuild(g, node)

@@ -11,7 +11,7 @@ give (the same products and sum in f32, the same tables).
 from __future__ import annotations
 
 from lpu.compiler.ir import IRGraph
-from lpu.compiler.rewrite import copied, rebuilding, rebuilt
+from lpu.compiler.rewrite import rebuild
 
 
 def _heads(g: IRGraph, n, lanes: int):
@@ -47,15 +47,10 @@ def heads_rope(g: IRGraph, lanes: int) -> IRGraph:
     cands = {n.id: h for n in g.nodes() if (h := _heads(g, n, lanes)) is not None}
     if not cands:
         return g
-    new = rebuilding(g)
-    m: dict[int, int] = {}
-    first: dict[int, int] = {}
-    for n in g.nodes():
-        first[n.id] = len(new)
-        if n.id in cands:
-            x, pos, theta, hd = cands[n.id]
-            m[n.id] = new.add("rope", (m[x],), n.shape, n.dtype, {"pos": pos, "theta": theta, "hd": hd},
-                              n.line, n.col)
-        else:
-            m[n.id] = copied(new, n, m)
-    return rebuilt(g, new, m, first)
+
+    def node(new, n, m):
+        if n.id not in cands:
+            return None
+        x, pos, theta, hd = cands[n.id]
+        return new.add("rope", (m[x],), n.shape, n.dtype, {"pos": pos, "theta": theta, "hd": hd}, n.line, n.col)
+    return rebuild(g, node)

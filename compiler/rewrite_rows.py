@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from lpu.compiler import ops
 from lpu.compiler.ir import IRGraph
-from lpu.compiler.rewrite import copied, rebuilding, rebuilt
+from lpu.compiler.rewrite import DROP, rebuild
 
 DTYPES = ("f32",)   # of the reduced rows: f16 rows' sums are MXM products (rewrite.py), not lane trees
 GROUP = 64        # rows per group; regions of fewer than 2 groups' rows are left as they are
@@ -98,16 +98,13 @@ def row_groups(g: IRGraph) -> IRGraph:
         return g
     at_last = {max(r): r for r in regions}
     member = {nid for r in regions for nid in r}
-    new = rebuilding(g)
-    m: dict[int, int] = {}
-    first: dict[int, int] = {}
-    for n in g.nodes():
-        first[n.id] = len(new)
+
+    def node(new, n, m):
         if n.id in at_last:
-            _emit(g, new, at_last[n.id], m)
-        elif n.id not in member:
-            m[n.id] = copied(new, n, m)
-    return rebuilt(g, new, m, first)
+            _emit(g, new, at_last[n.id], m)      # the region's nodes, mapped in m
+            return DROP
+        return DROP if n.id in member else None
+    return rebuild(g, node)
 
 
 def _emit(g: IRGraph, new: IRGraph, region: set, m: dict):
