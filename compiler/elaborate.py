@@ -90,7 +90,7 @@ class Elaborator:
 
     def node(self, op, inputs, shape, dtype, attrs, at) -> Tensor:
         self._check_shape(shape, at)
-        if len(self.graph.g) >= self.max_nodes:
+        if len(self.graph) >= self.max_nodes:
             self.limit_error(at, f"the program unrolls to more than {self.max_nodes:,} IR operations",
                        how_to_raise("ir_nodes"))
         line, col = self.site or (at.line, at.col)
@@ -219,9 +219,9 @@ class Elaborator:
                 trips = []
                 for i in range(lo, hi):
                     self._assign(s.var, i, scope, s)
-                    start = len(self.graph.g)
+                    start = len(self.graph)
                     self._block(s.body, scope, top)
-                    trips.append((start, len(self.graph.g)))
+                    trips.append((start, len(self.graph)))
                 if top and len(trips) > 1:
                     self.graph.loops.append(trips)
             case A.Output():

@@ -1,8 +1,12 @@
 """The typed IR graph: what elaboration produces and every later stage (reference interpreter,
 back end, GPU baseline) consumes.
 
-An `IRGraph` wraps a networkx.DiGraph whose nodes are ints (in program order: a node's inputs
-have smaller ids) with one attribute, `n`: a `Node`. Edges go from each input to its user.
+An `IRGraph` is a DAG whose nodes are ints (in program order: a node's inputs have smaller ids);
+`.g` is it as a networkx.DiGraph, each node with one attribute, `n`: a `Node`, edges from each
+input to its user. Passes copy graphs node by node (compiler/rewrite.py), so the graph keeps
+its Nodes and users in lists and builds the networkx view only when something asks for it.
+Nodes are not changed once added (a pass that changes one replaces it): a copied graph shares
+the Nodes it did not change.
 
 Ops are those of the op table, compiler/ops.py (names, families, dtype and shape rules);
 `Node.attrs` keys:
@@ -65,8 +69,9 @@ class IRGraph:
     alike are lowered once and replayed: compiler/replay.py)."""
 
     def __init__(self, source_name: str = "<string>", source: str = ""):
-        self.g = nx.DiGraph()
-        self._nodes: list[Node] = []      # by id: the same Nodes as g's attribute `n`, read fast
+        self._nodes: list[Node] = []      # by id
+        self._users: list[list[int]] = []  # by id: the nodes that read it, ascending
+        self._nx: nx.DiGraph | None = None
         self.source_name = source_name
         self.source = source
         self.decls: dict[str, int] = {}
@@ -77,12 +82,40 @@ class IRGraph:
 
     def add(self, op: str, inputs, shape, dtype: str, attrs=None, line: int = 0, col: int = 0) -> int:
         assert op in ops.OPS, op
-        nid = len(self._nodes)
-        node = Node(nid, op, tuple(inputs), tuple(int(s) for s in shape), dtype, dict(attrs or {}), line, col)
-        self.g.add_node(nid, n=node)
-        self.g.add_edges_from((i, nid) for i in node.inputs)
+        node = Node(len(self._nodes), op, tuple(inputs), tuple(map(int, shape)), dtype, dict(attrs or {}), line, col)
+        return self.append(node)
+
+    def append(self, node: Node) -> int:
+        """Add a Node made for this graph (its id the next one; a copied graph's unchanged Node)."""
+        nid = node.id
+        assert nid == len(self._nodes)
         self._nodes.append(node)
+        self._users.append([])
+        for i in node.inputs:
+            us = self._users[i]
+            if not us or us[-1] != nid:
+                us.append(nid)
+        if self._nx is not None:
+            self._nx.add_node(nid, n=node)
+            self._nx.add_edges_from((i, nid) for i in node.inputs)
         return nid
+
+    def replace(self, node: Node):
+        """Put node in place of the Node with its id (same inputs: a changed attribute)."""
+        assert node.inputs == self._nodes[node.id].inputs
+        self._nodes[node.id] = node
+        if self._nx is not None:
+            self._nx.nodes[node.id]["n"] = node
+
+    @property
+    def g(self) -> nx.DiGraph:
+        """The graph as a networkx.DiGraph (built on first use, then kept in step)."""
+        if self._nx is None:
+            g = nx.DiGraph()
+            g.add_nodes_from((n.id, {"n": n}) for n in self._nodes)
+            g.add_edges_from((i, n.id) for n in self._nodes for i in n.inputs)
+            self._nx = g
+        return self._nx
 
     def node(self, nid: int) -> Node:
         return self._nodes[nid]
@@ -92,7 +125,7 @@ class IRGraph:
         return list(self._nodes)
 
     def users(self, nid: int) -> list[int]:
-        return sorted(self.g.successors(nid))
+        return list(self._users[nid])
 
     def __len__(self):
         return len(self._nodes)

@@ -132,7 +132,7 @@ def cut_costs(graph: IRGraph):
     """(compute nodes, resident bytes attributed to each, bytes crossing a cut before each
     position, allowed[k]: a cut before position k keeps every state in one stage). Kept on the
     graph (--chips auto asks for several chip counts)."""
-    key = graph.g.number_of_nodes()
+    key = len(graph)
     hit = graph.__dict__.get("_cut_costs")
     if hit is not None and hit[0] == key:
         return hit[1]

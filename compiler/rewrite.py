@@ -327,10 +327,14 @@ def rebuild(g: IRGraph, node) -> IRGraph:
 def copied(new: IRGraph, n, m: dict) -> int:
     """Node n added to new as it is, its inputs (and the node its attribute `after` names,
     compiler/plan.level_order) mapped through m (old id -> new id)."""
+    ins = tuple(m[i] for i in n.inputs)
+    after = n.attrs.get("after")
+    if n.id == len(new) and ins == n.inputs and m.get(after, after) == after:
+        return new.append(n)          # same id, same inputs: the Node itself (Nodes do not change)
     attrs = dict(n.attrs)
-    if "after" in attrs:
-        attrs["after"] = m[attrs["after"]]
-    return new.add(n.op, tuple(m[i] for i in n.inputs), n.shape, n.dtype, attrs, n.line, n.col)
+    if after is not None:
+        attrs["after"] = m[after]
+    return new.add(n.op, ins, n.shape, n.dtype, attrs, n.line, n.col)
 
 
 def rebuilt(g: IRGraph, new: IRGraph, m: dict, first: dict) -> IRGraph:

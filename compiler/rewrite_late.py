@@ -24,6 +24,8 @@ products are left whole (split: gpt2_small_decode 29,396 -> 29,827, slower).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from lpu.compiler import ops
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.rewrite import DROP, MIN_Q, rebuild
@@ -204,4 +206,4 @@ def _mark_late(g: IRGraph):
         reads = [u for u in g.users(n.id) if g.node(u).op == "slice" and g.node(u).attrs["index"][1][1] <= c]
         targets = [x for u in reads for x in _first_matmuls(g, u)]
         if targets and min(targets) > mm.id:
-            mm.attrs["late"] = min(targets) - mm.id
+            g.replace(replace(mm, attrs={**mm.attrs, "late": min(targets) - mm.id}))
