@@ -254,3 +254,27 @@ def test_design_example_elaborates():
     assert (a.shape, a.dtype, a.line) == ((64, 768), "f32", 28)   # the last `a = a + x`
     assert ops(g).count("matmul") == 1 + 2 * 12 and g.params["HD"] == 64
     assert g.node(g.final_states["kc"]).attrs["index"] == ((0, 64), (0, 768))
+
+
+def test_graph_views_agree_and_pass_copies_share_unchanged_nodes():
+    """users() and the networkx view (.g, built on first use) give the same edges; a rewrite
+    pass's copy reuses the Nodes it leaves as they are, and a changed node gets a new Node."""
+    from lpu.compiler.rewrite import rebuild
+    g = elaborate_file(next(p for p in PROGRAMS if p.stem == "mlp"))
+    for n in g.nodes():
+        assert g.users(n.id) == sorted(g.g.successors(n.id))
+        assert g.g.nodes[n.id]["n"] is n
+    same = rebuild(g, lambda new, n, m: None)
+    assert all(a is b for a, b in zip(same.nodes(), g.nodes()))
+    mm = next(n.id for n in g.nodes() if n.op == "matmul")
+
+    def note(new, n, m):     # the first matmul copied with one more attribute
+        if n.id != mm:
+            return None
+        return new.add(n.op, [m[i] for i in n.inputs], n.shape, n.dtype, {"note": 1}, n.line, n.col)
+    changed = rebuild(g, note)
+    assert changed.node(mm) is not g.node(mm) and changed.node(mm).attrs == {"note": 1}
+    assert "note" not in g.node(mm).attrs
+    assert changed.node(mm - 1) is g.node(mm - 1)
+    assert changed.users(mm) and all(changed.node(u) is g.node(u) for u in changed.users(mm))
+    assert changed.users(mm) == sorted(changed.g.successors(mm))
