@@ -26,10 +26,10 @@ so every timing rule is checked as before; only Python's building of the chains 
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 
 import numpy as np
 
+from lpu.compiler import replay_core as RC
 from lpu.compiler.chainspec import FIELDS, ChainArrays, _EMPTY, _arrays, batch_rows
 from lpu.isa import opcodes as O
 from lpu.isa.opcodes import dtype_width
@@ -187,9 +187,9 @@ class Replayer:
     def _names(self, nodes, nid):
         """The node of each chain in this trip: the twin's chains name the twin (now nid) or a node
         of the twin's trip lowered with it (a fused producer: now its own next-trip node)."""
-        u, inv = np.unique(nodes, return_inverse=True)
+        u = RC.distinct(nodes)
         t = self.twin.get(nid)
-        return np.array([nid if x == t else self.next_of.get(int(x), int(x)) for x in u], np.int64)[inv]
+        return RC.renamed(nodes, u, np.array([nid if x == t else self.next_of.get(int(x), int(x)) for x in u], np.int64))
 
     def _shifts(self, n, t):
         """[(twin's input grid, width, d)] for the inputs that moved, or None if n and t differ."""
@@ -308,51 +308,30 @@ def _rows(chains, reg) -> dict:
 
 def _own(a: ChainArrays) -> ChainArrays:
     """The batch with its own args (the scheduler writes the stream references into them)."""
-    return replace(a, args=a.args.copy())
+    b = copy.copy(a)
+    b.args = a.args.copy()
+    return b
 
 
 def _renamed(a: ChainArrays, names: np.ndarray) -> ChainArrays:
-    return replace(a, node=names)
+    b = copy.copy(a)
+    b.node = names
+    return b
 
 
 def _shifted(a: ChainArrays, shifts, names: np.ndarray, period: int):
     """The batch with every slot of a moved input shifted (and its READ/WRITE's address), or
     None where a slot would move by two different amounts or a non-MEM instruction touches one."""
-    slots, delta = [], []
-    for grid, w, d in shifts:
-        s = (grid.reshape(-1)[:, None] + np.arange(w)[None, :]).reshape(-1)
-        slots.append(s)
-        delta.append(np.full(len(s), d, np.int64))
-    slots, delta = np.concatenate(slots), np.concatenate(delta)
-    lo = int(slots.min()) if len(slots) else 0
-    table = np.zeros(int(slots.max()) - lo + 1 if len(slots) else 0, np.int64)     # slot - lo -> its shift
-    table[slots - lo] = delta
-    if np.any(table[slots - lo] != delta):        # a slot that would move by two amounts
+    starts = np.cumsum([0] + [g.size for g, _, _ in shifts])
+    grids = np.concatenate([g.reshape(-1) for g, _, _ in shifts]).astype(np.int64)
+    lo, table = RC.shift_table(grids, np.array([w for _, w, _ in shifts], np.int64),
+                               np.array([d for _, _, d in shifts], np.int64), starts)
+    if lo < 0:                                    # a slot that would move by two amounts
         return None
-
-    def moved(x):
-        if not len(slots) or not len(x):
-            return np.zeros(len(x), np.int64)
-        i = x - lo
-        inside = (i >= 0) & (i < len(table))
-        return np.where(inside, table[np.where(inside, i, 0)], 0)
-
-    n = a.n_ins
-    addr = np.zeros(n, np.int64)
-    changed = {}
-    for key, ptr in (("r_data", a.r_ptr), ("w_data", a.w_ptr)):
-        data = getattr(a, key)
-        dd = moved(data)
-        if not dd.any():
-            continue
-        cnt = np.diff(ptr)
-        hit = np.repeat(np.arange(n), cnt)[dd != 0]
-        if np.any(~np.isin(a.op[hit], (O.READ, O.WRITE))) or np.any(cnt[hit] != 1):
-            return None
-        addr[hit] += dd[dd != 0] // period
-        changed[key] = data + dd
-    if addr.any():
-        args = a.args.copy()
-        args[:, _ADDR] += addr
-        changed["args"] = args
-    return replace(_renamed(a, names), **changed)
+    ok, r_data, w_data, args = RC.shift_slots(lo, table, a.r_ptr, a.r_data, a.w_ptr, a.w_data, a.op, a.args,
+                                              period, _ADDR, O.READ, O.WRITE)
+    if not ok:
+        return None
+    b = _renamed(a, names)
+    b.r_data, b.w_data, b.args = r_data, w_data, args
+    return b

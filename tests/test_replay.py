@@ -183,3 +183,30 @@ def test_rows_of_a_joined_result_replay_their_twins(monkeypatch):
     assert fast.predicted_cycles == slow.predicted_cycles
     for f in ("queue", "op", "args", "line", "node"):
         assert np.array_equal(getattr(fast, f), getattr(slow, f)), f
+
+
+def test_replay_core_shifts_memory_slots_only():
+    """The jitted slot shift: a READ of a moved slot reads it shifted and one period further
+    per period of shift; a slot that two inputs would move by other amounts, or a moved slot
+    touched by anything but a one-slot READ or WRITE, stops the replay."""
+    from lpu.compiler import replay_core as RC
+    from lpu.isa import opcodes as O
+    i64 = np.int64
+    lo, table = RC.shift_table(np.array([10, 12], i64), np.array([2], i64), np.array([64], i64), np.array([0, 2], i64))
+    assert lo == 10 and list(table) == [64, 64, 64, 64]
+    assert RC.shift_table(np.array([10, 11], i64), np.array([1, 1], i64), np.array([64, 32], i64),
+                          np.array([0, 1, 2], i64))[0] == 10       # two slots, two amounts: fine
+    bad, _ = RC.shift_table(np.array([10, 10], i64), np.array([1, 1], i64), np.array([64, 32], i64),
+                            np.array([0, 1, 2], i64))
+    assert bad == -1
+    ptr = np.array([0, 1, 2], i64)
+    args = np.zeros((2, O.NARGS), np.int32)
+    ok, r, w, a = RC.shift_slots(lo, table, ptr, np.array([11, 99], i64), np.array([0, 0, 0], i64),
+                                 np.zeros(0, i64), np.array([O.READ, O.READ]), args, 32, 1, O.READ, O.WRITE)
+    assert ok and list(r) == [75, 99] and list(a[:, 1]) == [2, 0] and not args.any()
+    ok, *_ = RC.shift_slots(lo, table, ptr, np.array([11, 99], i64), np.array([0, 0, 0], i64), np.zeros(0, i64),
+                            np.array([O.NOP, O.READ]), args, 32, 1,
+                            O.READ, O.WRITE)
+    assert not ok
+    assert list(RC.renamed(np.array([7, 7, 9, 7], i64), RC.distinct(np.array([7, 7, 9, 7], i64)),
+                           np.array([70, 90], i64))) == [70, 70, 90, 70]
