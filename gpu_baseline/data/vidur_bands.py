@@ -4,7 +4,7 @@ of microsoft/vidur:
 
     python gpu_baseline/data/vidur_bands.py VIDUR_CLONE [TOKENS ...]
     python gpu_baseline/data/vidur_bands.py VIDUR_CLONE --all
-
+    python gpu_baseline/data/vidur_bands.py VIDUR_CLONE --steps
 
 Per GPU and op: the rows, how many take over 10% (ENVELOPE_SLACK) more than the least time the CSV
 gives for as many rows or more (the envelope: a library that ran more rows faster could have run
@@ -13,7 +13,10 @@ median |error| against the rows and against the envelope, and which token counts
 each; then row, envelope and model at TOKENS (default 128 256). --all: every linear of every
 model's CSV (all models, all TP degrees; shapes from the CSV's own columns), the model's signed and
 absolute median error over all its rows and per band of token counts, and in the 65-128 band per band of N: whether a
-miss is the row's or the model's across shapes."""
+miss is the row's or the model's across shapes. --steps: per GPU, each linear shape's (K, N) median time in the
+64-token bands from 129 to 512 tokens, the step from one band to the next (median over shapes, and the
+shapes whose step lies furthest out), and how many shapes take over 10% less time in a band than in the
+band below it: what a rule of the shape and the token count would have to reproduce."""
 from __future__ import annotations
 
 import csv
@@ -82,6 +85,24 @@ def profile(clone: str, vg: str):
         print(f"    tokens 65-128, N {lo}-{hi}: {len(e)} rows, median error {100 * statistics.median(e):+5.1f}%")
 
 
+STEP_BANDS = ((129, 192), (193, 256), (257, 320), (321, 384), (385, 448), (449, 512))
+
+
+def steps(clone: str, vg: str):
+    by: dict = {}
+    for t, k, n, us in all_linears(clone, vg):
+        by.setdefault((k, n), []).append((t, us))
+    med = {s: [statistics.median(us for t, us in rows if lo <= t <= hi) for lo, hi in STEP_BANDS]
+           for s, rows in by.items()}
+    print(f"{vg}: {len(med)} linear shapes (K, N); time of each 64-token band over the band below it")
+    for i in range(1, len(STEP_BANDS)):
+        r = sorted((v[i] / v[i - 1], s) for s, v in med.items())
+        falls = [s for x, s in r if x < 0.9]
+        print(f"    {STEP_BANDS[i][0]:>3}-{STEP_BANDS[i][1]:<3} / {STEP_BANDS[i - 1][0]:>3}-{STEP_BANDS[i - 1][1]:<3}: median "
+              f"{statistics.median(x for x, _ in r):.2f}, lowest {r[0][0]:.2f} {r[0][1]}, highest {r[-1][0]:.2f} {r[-1][1]}; "
+              f"over 10% faster than the band below: {len(falls)} shapes")
+
+
 def main(clone: str, tokens=(128, 256)):
     for vg in VIDUR_GPU:
         for op in linear_shapes(L7, 1):
@@ -102,8 +123,8 @@ def main(clone: str, tokens=(128, 256)):
 
 
 if __name__ == "__main__":
-    if sys.argv[2:] == ["--all"]:
+    if sys.argv[2:] in (["--all"], ["--steps"]):
         for vg in VIDUR_GPU:
-            profile(sys.argv[1], vg)
+            (profile if sys.argv[2] == "--all" else steps)(sys.argv[1], vg)
     else:
         main(sys.argv[1], tuple(int(t) for t in sys.argv[2:]) or (128, 256))
