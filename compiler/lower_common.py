@@ -90,9 +90,44 @@ def _post_write(cb, c, dst, out_dt, off, nv, post):
     vpos = c.m.vxm_pos
     if post is None:
         return (cb.write(dst, dtype_width(out_dt), vpos, off), DTYPE_CODE[out_dt]), None
+    if post[0] == "fold":
+        return _fold_write(cb, c, dst, out_dt, off, post)
     g = (cb.link(vpos, vpos, off, dtype_width(out_dt)), DTYPE_CODE[out_dt])
     go = (cb.write(dst, dtype_width(post[2]), vpos, off + c.lat[post[0]]), DTYPE_CODE[post[2]])
     return g, lambda: cb.vxm(post[0], off, g, None, go, nv=nv, imm=post[1], bimm=1)
+
+
+def _fold_write(cb, c, dst, out_dt, off, post):
+    """_post_write for post = ("fold", scale bits, cut) (op `lanefold`, lower_reduce): z = root *
+    scale, hi = f16(z clamped to f16's range), f16(z - MASK(hi, cut)) written: z - hi = lo below
+    lane `cut` (an infinite z stays infinite, not inf - inf), f16(z) from it on. z meets the
+    MASK's result through CONVs (delays) of the same latency as the clamps, CONV and MASK."""
+    vpos, f32, f16 = c.m.vxm_pos, DTYPE_CODE["f32"], DTYPE_CODE["f16"]
+    conv, lat = O.VXM_UNARY["CONV"], c.lat
+    steps = ((O.VXM_BINARY["MIN"], imm_bits(65504.0, True), f32), (O.VXM_BINARY["MAX"], imm_bits(-65504.0, True), f32),
+             (conv, 0, f16), (O.MASK, 0, f16))
+    assert all(lat[op] == lat[conv] for op, _, _ in steps)
+    g = (cb.link(vpos, vpos, off, 4), f32)
+    t = off + lat[O.VXM_BINARY["MUL"]]
+    z = (cb.link(vpos, vpos, t, 4), f32)
+    ins = [(O.VXM_BINARY["MUL"], off, g, z, post[1], 1)]
+    a, b = z, z
+    for op, imm, dt in steps:
+        t2 = t + lat[op]
+        a2, b2 = (cb.link(vpos, vpos, t2, dtype_width("f16" if dt == f16 else "f32")), dt), (cb.link(vpos, vpos, t2, 4), f32)
+        ins += [(op, t, a, a2, imm, 1 if op != O.MASK else 0), (conv, t, b, b2, 0, 0)]
+        a, b, t = a2, b2, t2
+    sub = O.VXM_BINARY["SUB"]
+    go = (cb.write(dst, dtype_width(out_dt), vpos, t + lat[sub]), DTYPE_CODE[out_dt])
+
+    def tail():
+        for op, at, x, y, imm, bimm in ins:
+            if op == O.MASK:
+                cb.vxm(op, at, x, None, y, cut=post[2], imm=0)
+            else:
+                cb.vxm(op, at, x, None, y, imm=imm, bimm=bimm)
+        cb.vxm(sub, t, b, a, go)
+    return g, tail
 
 
 def sxm_vxm_chain(lw, node, sop, sparam, src, vop, other, dst, dtype, out_dt, nv, post=None):

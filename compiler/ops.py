@@ -213,4 +213,8 @@ define(OpDef("matmul", "matmul", 2, "@", "matmul", "matmul", lower="matmul", gpu
 define(OpDef("causal", "positional", 1, "causal", "attrs", lower="causal", path=(O.BY_NAME["MASK"].latency,)))
 define(OpDef("rope", "positional", 1, "rope", "attrs", lower="rope", flops=6, path=("vxm",)))
 define(OpDef("store", "effect", 2, "", "attrs", lower="store", gpu="store", flops=0, bound="free"))
+# not in the language (compiler/rewrite.py: a wide f16 row's lane sum): per row, the sum of its
+# chunks and their rotations by lanes / 2, times `scale`, as f16 lo and hi halves (semantics.py)
+define(OpDef("lanefold", "fold", 1, "", "attrs", "attrs", lower="lanefold", gpu="reduction", bound="reduce",
+             path=(O.BY_NAME["ADD"].latency,)))
 define(OpDef("output", "effect", 1, "", "attrs", gpu="view", flops=0, bound="free"))

@@ -59,6 +59,8 @@ def _eval(n: Node, xs: list[np.ndarray], k_tile: int) -> np.ndarray:
         return S.matmul(xs[0], xs[1], n.dtype, k_tile)
     if op in MOVES:
         return move(n, xs)
+    if op == "lanefold":
+        return S.lanefold(xs[0], a["lanes"], a["scale"])
     if op == "rope":
         return S.rope(xs[0], a["pos"], a["theta"], n.dtype)
     if op == "store":

@@ -42,6 +42,17 @@ bert_base L=1 18,469 -> 18,756, L=2 36,459 -> 37,379 (hi alone, 17,862, would ro
 to 11 bits); the lane trees stay. Instead, the mean that layernorm centres its f32 rows by (rows
 as wide as the lanes or wider) is a lane tree of rotations, `_rotated`: the same shifts, the sum
 in every lane, a splat (bert_base 218,871 -> 216,292 cycles).
+
+Folded sums. An f16 row wider than 2 chunks (gpt2's 768: K-tiles of 320, 320 and 128 lanes, 5
+f16 passes of a plane pair) is first folded on the VXM (op `lanefold`, one chain a row): its
+chunks and their rotations by lanes / 2 added in f32 (one trip to the SXM), scaled by 1/8,
+and split into f16 lo = f16(z - hi) in the lower half of the lanes and hi = f16(z) in the
+upper; that vector @ 8 * ones[lanes, lanes] is the sum in 2 passes (an f32 sum to ~22 bits,
+the lane tree's and the 5-pass product's are to 24; hi is clamped to f16's range so that an
+infinite sum stays infinite). gpt2's layernorms wait on their two sums' MXM passes: 5 -> 2
+a row took gpt2_small_prefill 182,368 -> 178,921 cycles (L=1 16,243 -> 15,601, L=2 31,450 ->
+30,511). Not for rows of 2 chunks or fewer (llama_block_prefill's
+512-wide rmsnorm, 4 passes: 6,343 -> 6,660) nor for fewer than FOLD_ROWS rows (decode).
 """
 from __future__ import annotations
 
@@ -117,6 +128,18 @@ def _mxm_sum(g, n) -> bool:
         return False
     x = g.node(n.inputs[0])
     return x.dtype == "f16" and x.shape[-1] > 1
+
+
+FOLD_SCALE = 0.125   # z adds 2 values a chunk, at most 4 chunks: |z| <= 8 * 65504 / 8, hi never overflows
+FOLD_ROWS = 32       # at least this many rows (a decode row would wait on the fold's trip to the SXM)
+
+
+def _foldable(g, x, xn, lanes) -> bool:
+    """A lane sum of f16 rows of 4 to 8 half-lanes' passes, computed (not a view: every chunk
+    zero past the row's end), of prefill rows: folded first (rewrite's `folded`)."""
+    return lanes is not None and x.dtype == "f16" and len(x.shape) == 2 and x.shape[0] >= FOLD_ROWS \
+        and 2 * lanes < x.shape[-1] <= 4 * lanes \
+        and xn.op not in ("slice", "concat", "reshape", "transpose")
 
 
 def _rotated(g, n, lanes) -> bool:
@@ -220,6 +243,17 @@ def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
         wide_of[s] = r
         return s
 
+    def folded(xid, x, skey, like):
+        """x @ ones[C, lanes] of a wide f16 x as v @ 8 * ones[lanes, lanes], v = lanefold(x) (f16: a
+        sum of x / 8 split into lo and hi halves, semantics.lanefold): the sum to f32's precision
+        in 2 f16 passes a row instead of C / (lanes / 2)."""
+        key = ("fold", skey)
+        if key not in ones_of:
+            ones_of[key] = add("const", (), (lanes, lanes), "f16",
+                               {"value": np.full((lanes, lanes), 1 / FOLD_SCALE, np.float16)}, like)
+        v = add("lanefold", (xid,), (x.shape[0], lanes), "f16", {"lanes": lanes, "scale": FOLD_SCALE}, like)
+        return add("matmul", (v, ones_of[key]), (x.shape[0], lanes), "f32", {}, like)
+
     back: dict[int, int] = {}       # exit (p @ v computed transposed) -> new id of its transposed result
     joins = _joins(g, {e for e, sc in exit_of.items() if g.node(sc).shape[0] > P_BACK_Q})
     first: dict[int, int] = {}      # old id -> the first new id made for it or after it
@@ -272,11 +306,13 @@ def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
             wide = _splat_ok(g, n, lanes)
             shape = (n.shape[0], lanes) if wide else n.shape
             key = (x.shape[-1], shape[-1], sum_key[n.id])     # the k-th sum of each loop trip: one constant
-            if key not in ones_of:
+            if key not in ones_of and not (wide and _foldable(g, x, new.node(m[x.id]), lanes)):
                 ones_of[key] = add("const", (), (x.shape[-1], shape[-1]), "f16",
                                    {"value": np.ones((x.shape[-1], shape[-1]), np.float16)}, n)
-            ones = ones_of[key]
-            r = add("matmul", (m[x.id], ones), shape, "f32", {}, n)
+            if wide and _foldable(g, x, new.node(m[x.id]), lanes):
+                r = folded(m[x.id], x, sum_key[n.id], n)
+            else:
+                r = add("matmul", (m[x.id], ones_of[key]), shape, "f32", {}, n)
             if n.op == "mean":
                 c = add("const", (), (), "f32", {"value": np.array(x.shape[-1], np.float32)}, n)
                 r = add("div", (r, c), shape, "f32", {}, n)

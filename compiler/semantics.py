@@ -150,6 +150,21 @@ def rope(x: np.ndarray, pos: int, theta: float, result: str) -> np.ndarray:
     return convert(x32 * cos + rot * sin, result)
 
 
+def lanefold(x: np.ndarray, lanes: int, scale: float) -> np.ndarray:
+    """Op `lanefold` (compiler/rewrite.py): z = the row's chunks of `lanes` lanes added (zero past
+    its end), plus that rotated by lanes / 2, times scale (f32); then f16(z - hi) (lo) below
+    lanes / 2 and f16(z) from there, hi = f16(z) clamped to f16's range: the f16 vector's sum
+    is that of z's lower half to about f32's precision (infinite where z is)."""
+    cols = x.shape[-1]
+    pad = np.zeros(x.shape[:-1] + (-(-cols // lanes) * lanes,), np.float32)
+    pad[..., :cols] = x
+    y = pad.reshape(x.shape[:-1] + (-1, lanes)).sum(axis=-2, dtype=np.float32)
+    z = ((y + np.roll(y, lanes // 2, axis=-1)) * np.float32(scale)).astype(np.float32)
+    hi = np.clip(z, -65504.0, 65504.0).astype(np.float16).astype(np.float32)
+    hi[..., lanes // 2:] = 0
+    return (z - hi).astype(np.float16)
+
+
 def close(actual: np.ndarray, expected: np.ndarray, dtype: str) -> bool:
     """Whether two results agree within TOLERANCE[dtype] (NaN and inf must match exactly)."""
     atol, rtol = TOLERANCE[dtype]

@@ -308,6 +308,43 @@ def test_layernorm_mean_of_wide_f32_rows_is_a_splat_of_rotations(machine):
     run_checked(src, m, 5, "ln.lpu")      # predicted == emulated, within the reference's tolerance
 
 
+LN_F16 = """param S = {S}
+param D = {D}
+input x : f16[S, D]
+weight g : f32[D]
+weight b : f32[D]
+output y = f16(layernorm(f16(x * {K}), g, b))
+"""
+
+
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+@pytest.mark.parametrize("scale", [1.0, 400.0])
+def test_wide_f16_row_sums_are_folded_to_one_pass_pair_a_row(machine, scale):
+    """A layernorm's two sums of f16 rows of 3 chunks: each row folded to f16 hi and lo halves
+    of one vector (op lanefold) multiplied by a ones tile of lanes rows, not by C rows of ones;
+    |x| ~ 400 makes d * d overflow in f16: the fold keeps the sum infinite, as the reference's
+    (an unclamped hi would give inf - inf = NaN)."""
+    from lpu.compiler.rewrite import FOLD_ROWS, rewrite
+    m = MachineConfig.load(machine)
+    src = LN_F16.format(S=FOLD_ROWS, D=2 * m.lanes + m.lanes // 3, K=scale)
+    g = rewrite(elaborate_source(src, "ln.lpu", {}), m.lanes)
+    folds = [n for n in g.nodes() if n.op == "lanefold"]
+    assert len(folds) == 2 and all(n.shape == (FOLD_ROWS, m.lanes) and n.dtype == "f16" for n in folds)
+    sums = [n for n in g.nodes() if n.op == "matmul"]
+    assert [g.node(n.inputs[0]).op for n in sums] == ["lanefold"] * 2
+    assert all(g.node(n.inputs[1]).shape == (m.lanes, m.lanes) for n in sums)
+    prog, _, _, _ = run_checked(src, m, 5, "ln.lpu")     # predicted == emulated, within tolerance
+    assert int(np.sum(prog.op == O.ROTATE)) > 0
+
+
+def test_narrow_or_few_f16_rows_are_not_folded():
+    from lpu.compiler.rewrite import FOLD_ROWS, rewrite
+    lanes = MachineConfig.load("tsp-v1").lanes
+    for rows, cols in ((FOLD_ROWS - 1, 3 * lanes), (FOLD_ROWS, 2 * lanes)):
+        g = rewrite(elaborate_source(LN_F16.format(S=rows, D=cols, K=1.0), "ln.lpu", {}), lanes)
+        assert not any(n.op == "lanefold" for n in g.nodes())
+
+
 @pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
 def test_exact_lane_plan_rotations_bring_every_lane_to_every_lane_once(machine):
     from lpu.compiler.lower_reduce import lane_plan
