@@ -200,7 +200,8 @@ def transpose_grid(lw, n, src, shape, dst, dtype):
     for b in range(s3.shape[0]):
         for rb in range(-(-R // lanes)):
             for cbk in range(-(-C // lanes)):
-                h = c.next_sxm()
+                sides = {c.sxm_near(int(x)) for x in s3[b, rb * lanes:(rb + 1) * lanes, cbk].reshape(-1)}
+                h = sides.pop() if len(sides) == 1 else c.next_sxm()
                 spos = c.m.sxm_pos(h)
                 nr = min(lanes, R - rb * lanes)
                 for r in range(nr):
