@@ -132,7 +132,7 @@ class Lowerer:
         (their temporaries lie near the VXM), nor in the trips of a loop of several (a trip
         replays its twin, compiler/replay.py; measured there: gpt2_small_prefill L=3 46,716 ->
         46,903, L=12 182,368 -> 183,115, though bert_base L=12 166,659 -> 165,946)."""
-        if self.near_vxm is not None or any(s <= n.id < e for trips in self.g.loops if len(trips) > 1 for s, e in trips):
+        if self.near_vxm is not None or self.in_loop(n):
             return None
         if n.op == "matmul":
             return output_side(self, n)
@@ -140,6 +140,10 @@ class Lowerer:
         if len(us) != 1 or self.g.node(us[0]).op != "transpose" or self.plan.kind[us[0]] != "temp":
             return None
         return self.ctx.next_sxm()
+
+    def in_loop(self, n) -> bool:
+        """n is in a trip of a loop of several (whose trips replay their twins: replay.py)."""
+        return any(s <= n.id < e for trips in self.g.loops if len(trips) > 1 for s, e in trips)
 
     def side_region(self, shape, dtype, h, owner, what):
         """A region whose vectors all lie on hemisphere h's slices (whole rows of slots taken,
