@@ -51,6 +51,9 @@ class Ctx:
         self.tables: dict[bytes, int] = {}
         self.mxm_load: dict[int, int] = {}   # plane -> cycles of work given to it so far
         self.lw_dirty: dict[int, int] = {}   # plane -> rows of its weight buffer that may be non-zero
+        self.tp_dirty: dict = {}             # (sxm, plane) -> rows of a transpose buffer that may be (movement.py)
+        self.acc_jobs: dict[int, list] = {}  # matmul left in the accumulators -> its jobs (lower_mxm)
+        self.acc_held: dict[int, list] = {}  # plane -> [(first row, rows)] such sums hold
         self.sxm_turn = 0
 
     def table(self, entries) -> int:

@@ -14,7 +14,7 @@ from lpu.compiler.alloc import SlotAllocator, grid_shape, layout, period_stride
 from lpu.compiler.chains import Ctx
 from lpu.compiler.chainspec import Registry
 from lpu.compiler.ir import IRGraph
-from lpu.compiler.lower_mxm import score_unit
+from lpu.compiler.lower_mxm import output_side, score_unit
 from lpu.compiler.plan import make_plan
 from lpu.compiler.replay import Replayer, periodic_leaves
 from lpu.isa.errors import CapacityError, UnsupportedError
@@ -118,6 +118,47 @@ class Lowerer:
             self.regions[owner] = (start, n)
             self.placed[owner] = (start, n)
         return layout(start, shape, w, self.lanes, chunk_major, period)
+
+    def side_of(self, n):
+        """The hemisphere whose slices n's region lies on (`side_region`), else None (anywhere):
+        the side of the unit that makes it (a product's plane pair: lower_mxm.output_side) or
+        takes it (a transpose through the SXM buffers, which then takes the SXM of its source's
+        side: movement.transpose_grid). A vector between the VXM and a unit at the chip's edge
+        then travels the VXM's distance to that unit through SRAM, where slices on the far
+        side made it up to three times that (the last vector of each pass came that much later).
+        Measured (tsp-v1, with the accumulated heads of rewrite_pack): attention_prefill
+        1,635 -> 1,445, matmul 384 -> 321, gpt2_block_prefill 3,995 -> 3,676,
+        llama_block_prefill 6,343 -> 6,239, bert_base L=1 14,901 -> 14,803. Not in decode steps
+        (their temporaries lie near the VXM), nor in the trips of a loop of several (a trip
+        replays its twin, compiler/replay.py; measured there: gpt2_small_prefill L=3 46,716 ->
+        46,903, L=12 182,368 -> 183,115, though bert_base L=12 166,659 -> 165,946)."""
+        if self.near_vxm is not None or self.in_loop(n):
+            return None
+        if n.op == "matmul":
+            return output_side(self, n)
+        us = self.g.users(n.id)
+        if len(us) != 1 or self.g.node(us[0]).op != "transpose" or self.plan.kind[us[0]] != "temp":
+            return None
+        return self.ctx.next_sxm()
+
+    def in_loop(self, n) -> bool:
+        """n is in a trip of a loop of several (whose trips replay their twins: replay.py)."""
+        return any(s <= n.id < e for trips in self.g.loops if len(trips) > 1 for s, e in trips)
+
+    def side_region(self, shape, dtype, h, owner, what):
+        """A region whose vectors all lie on hemisphere h's slices (whole rows of slots taken,
+        the other side's slots of those rows left unused)."""
+        w = dtype_width(dtype)
+        ns, half = self.m.mem_slices, self.m.mem_slices_per_hemisphere
+        g = grid_shape(shape, self.lanes)
+        nvec = int(np.prod(g))
+        per_row = half // w
+        size = (-(-nvec // per_row) + 1) * ns
+        start = self.alloc.alloc(size, what)
+        base = -(-start // ns) * ns
+        j = np.arange(nvec, dtype=np.int64)
+        self.regions[owner] = self.placed[owner] = (start, size)
+        return (base + (j // per_row) * ns + h * half + (j % per_row) * w).reshape(g)
 
     def _near_cost(self, owner):
         """Hops by slice that a decode step's temporary is placed near: the VXM's, but for a
@@ -301,12 +342,18 @@ class Lowerer:
                         self.replayer.end(n, rec, True)
                 elif k == "joined":
                     pass
+                elif k == "acc":            # left in the MXM's accumulators for its user
+                    L.LOWER[n.op](self, n)
                 elif k == "temp":
                     aliased = any(plan.outputs_alias.get(o) and g.node(o).inputs[0] == n.id for o in g.outputs.values())
                     if not self.replayer.replay(n, aliased):
                         rec = self.replayer.begin(n)
-                        self.grid[n.id] = self.new_region(n.shape, n.dtype, f"'{n.op}' at line {n.line}",
-                                                          owner=None if aliased else n.id)
+                        side = None if aliased else self.side_of(n)
+                        if side is not None:
+                            self.grid[n.id] = self.side_region(n.shape, n.dtype, side, n.id, f"'{n.op}' at line {n.line}")
+                        else:
+                            self.grid[n.id] = self.new_region(n.shape, n.dtype, f"'{n.op}' at line {n.line}",
+                                                              owner=None if aliased else n.id)
                         L.LOWER[n.op](self, n)
                         self.replayer.end(n, rec, aliased)
             except UnsupportedError as e:
@@ -378,7 +425,7 @@ def _region_size(shape, width, lanes, period) -> int:
     return int(np.prod(grid_shape(shape, lanes))) * width
 
 
-CHAINED = ("temp", "part", "alias", "output")   # kinds of node that lower to chains
+CHAINED = ("temp", "part", "alias", "output", "acc")   # kinds of node that lower to chains
 
 
 def lower(graph: IRGraph, machine, sink, reg: Registry, hooks=None, segment=None) -> Lowered:

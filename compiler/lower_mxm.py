@@ -10,6 +10,12 @@ of lanes columns, block of up to `acc_rows` rows); each job runs on one unit:
         ABC one per row of the block, accumulating into the row's accumulator (reset at kt=0)
     ACC + WRITE each row
 
+matmul(a, b, c) = a @ b + c (compiler/rewrite_pack.split_joins: the heads' products summed):
+c is a matmul left in the accumulators (plan kind `acc`: no ACC, no storage), and this one runs
+c's jobs (units and rows) with every ABC accumulating, as further K-tiles of one product. Until
+the sum's last product reads them out, its accumulator rows are held (`Ctx.acc_held`): a
+product started meanwhile on that unit takes the rows past them.
+
 The LWs of the next tile fill the buffer while the current tile computes (the scheduler's
 markers order LW after the previous IW, and IW after the tile's LWs and the previous ABCs).
 Operands that are f32 are rounded to f16 first (a CONV pass into a temporary).
@@ -42,7 +48,7 @@ def _as_mxm_dtype(lw, n, nid, target):
 
 def lower_matmul(lw, n):
     g = lw.g
-    a_id, b_id = n.inputs
+    a_id, b_id = n.inputs[:2]
     trans = lw.plan.kind[b_id] == "mxm_t"
     cvt = lw.plan.kind[b_id] == "mxm_cvt"
     b_src = g.node(b_id).inputs[0] if trans or cvt else b_id
@@ -50,20 +56,23 @@ def lower_matmul(lw, n):
     mdt = "i8" if is_int else "f16"
     agrid, ar = _as_mxm_dtype(lw, n, a_id, mdt)
     bgrid, br = (lw.grid[b_src], None) if cvt else _as_mxm_dtype(lw, n, b_src, mdt)
-    out = lw.grid[n.id]
     an = g.node(a_id)
     K = an.shape[-1]
     N = n.shape[-1]
     M = an.shape[-2] if len(an.shape) >= 2 else 1
-    o3 = out.reshape((-1,) + out.shape[-2:])
+    if lw.plan.kind[n.id] == "acc" or len(n.inputs) > 2:      # 2-D (rewrite_pack.split_joins)
+        _matmul2d(lw, n, agrid, bgrid, lw.grid.get(n.id), M, K, N, mdt, trans, cvt)
+    else:
+        out = lw.grid[n.id]
+        o3 = out.reshape((-1,) + out.shape[-2:])
 
-    def as3(grid):
-        g3 = grid.reshape((-1,) + grid.shape[-2:])
-        return np.broadcast_to(g3, (o3.shape[0],) + g3.shape[1:]) if g3.shape[0] == 1 else g3
+        def as3(grid):
+            g3 = grid.reshape((-1,) + grid.shape[-2:])
+            return np.broadcast_to(g3, (o3.shape[0],) + g3.shape[1:]) if g3.shape[0] == 1 else g3
 
-    a3, b3 = as3(agrid), as3(bgrid)
-    for bi in range(o3.shape[0]):
-        _matmul2d(lw, n, a3[bi], b3[bi], o3[bi], M, K, N, mdt, trans, cvt)
+        a3, b3 = as3(agrid), as3(bgrid)
+        for bi in range(o3.shape[0]):
+            _matmul2d(lw, n, a3[bi], b3[bi], o3[bi], M, K, N, mdt, trans, cvt)
     for r in (ar, br):
         if r is not None:
             lw.free_temp(r)
@@ -139,6 +148,56 @@ def score_unit(lw, n) -> int:
     return _nearest_last_row(lw, units, bgrid.reshape(-1, bgrid.shape[-1])[min(n.shape[-1], lw.lanes) - 1])
 
 
+def _jobs(lw, n, M, ktiles, nchunks, units, hold) -> list:
+    """[(output chunk, (first row, end row))]: the jobs a 2-D product is split into."""
+    m = lw.m
+    lw_cycles = lw.lanes // m.lw_ports_per_plane
+    rb = min(M, m.acc_rows)
+    if n.id in lw.plan.alone and M * ktiles * hold >= SPLIT_WORK * lw_cycles:
+        rb = _row_block(M, nchunks, len(units), hold, lw_cycles, m.acc_rows)
+    blocks = _arriving_rows(lw, n.inputs[0]) or [(m0, min(M, m0 + rb)) for m0 in range(0, M, rb)]
+    return [(nt, b) for b in blocks for nt in range(nchunks)]
+
+
+def _free_row(c, u) -> int:
+    """The first accumulator row of unit u past those the sums in progress hold."""
+    return max((b + r for b, r in c.acc_held.get(u, ())), default=0)
+
+
+def _pick(c, units, load, rows) -> int:
+    """The least-loaded unit with `rows` accumulator rows free past the held ones (any unit
+    if none has)."""
+    room = [x for x in units if _free_row(c, x) + rows <= c.m.acc_rows] or units
+    return min(room, key=lambda x: (load.get(x, 0), x))
+
+
+def output_side(lw, n):
+    """The hemisphere of the unit a 2-D product of more than FEW_ROWS rows will run all its
+    jobs on (as _matmul2d chooses them: the least-loaded unit per job), else None: its
+    accumulator rows are written to that side's slices (lower.side_region), so that each row's
+    trip from the MXM through SRAM to the VXM is the MXM's distance to the VXM, never the
+    far side's slices (up to three times that)."""
+    g = lw.g
+    a = g.node(n.inputs[0])
+    if len(n.shape) != 2 or len(a.shape) != 2 or a.shape[0] <= FEW_ROWS or \
+            any(g.node(u).op in ("max", "sum", "mean") and g.node(u).attrs["axis"] in (0, -2) for u in g.users(n.id)):
+        return None
+    if len(n.inputs) > 2:                    # c's jobs (see above)
+        sides = {int(u >= lw.m.mxm_planes_per_hemisphere) for _, _, u, _ in lw.ctx.acc_jobs[n.inputs[2]]}
+        return sides.pop() if len(sides) == 1 else None
+    units, hold, pair = _units(lw, "i8" if n.dtype == "i32" else "f16")
+    load = dict(lw.ctx.mxm_load)
+    ktiles = -(-a.shape[1] // lw.lanes)
+    sides = set()
+    for nt, (m0, m1) in _jobs(lw, n, a.shape[0], ktiles, -(-n.shape[1] // lw.lanes), units, hold):
+        u = _pick(lw.ctx, units, load, m1 - m0)
+        work = ktiles * ((m1 - m0) * hold + lw.lanes // lw.m.lw_ports_per_plane)
+        for x in (u, u + 1) if pair else (u,):
+            load[x] = load.get(x, 0) + work
+        sides.add(int(u >= lw.m.mxm_planes_per_hemisphere))
+    return sides.pop() if len(sides) == 1 else None
+
+
 def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     c, m = lw.ctx, lw.m
     lanes = lw.lanes
@@ -150,22 +209,32 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     ktiles = -(-K // lanes)
     nchunks = -(-N // lanes)
     zeros = lw.zero_vectors() if trans else None
-    lw_cycles = lanes // m.lw_ports_per_plane
-    rb = min(M, m.acc_rows)
-    if n.id in lw.plan.alone and M * ktiles * hold >= SPLIT_WORK * lw_cycles:
-        rb = _row_block(M, nchunks, len(units), hold, lw_cycles, m.acc_rows)
-    blocks = _arriving_rows(lw, n.inputs[0]) or [(m0, min(M, m0 + rb)) for m0 in range(0, M, rb)]
-    jobs = [(nt, b) for b in blocks for nt in range(nchunks)]
+    into = n.inputs[2] if len(n.inputs) > 2 else None       # a @ b + c: c's jobs, accumulating
+    jobs = c.acc_jobs.pop(into) if into is not None else \
+        [(nt, b, None, None) for nt, b in _jobs(lw, n, M, ktiles, nchunks, units, hold)]
+    if ogrid is None:
+        c.acc_jobs[n.id] = []
     # a K-tile of at most lanes/2 rows takes half an f16 product (one [1x160]x[160x320] pass),
     # past FEW_ROWS rows (half holds in the decode heads' products moved gpt2_small_decode's
     # heads to other pairs: 35,151 -> 35,328 cycles)
     khalf = [int(pair and M > FEW_ROWS and K - kt * lanes <= lanes // 2) for kt in range(ktiles)]
     khold = [m.abc_cycles(pair, h != 0) for h in khalf]
     load = c.mxm_load
-    for ji, (nt, (m0, m1)) in enumerate(jobs):
-        u = min(units, key=lambda x: (load.get(x, 0), x))
+    for nt, (m0, m1), u, base in jobs:
+        if u is None:
+            u = _pick(c, units, load, m1 - m0)
         if trans and M <= FEW_ROWS:
             u = _nearest_last_row(lw, units, bgrid[min(N, (nt + 1) * lanes) - 1])
+        held = c.acc_held.setdefault(u, [])
+        if base is None:     # accumulator rows past those a sum in progress holds on u
+            base = _free_row(c, u)
+            base = base if base + m1 - m0 <= m.acc_rows else 0
+            if ogrid is None:
+                held.append((base, m1 - m0))
+        elif ogrid is not None:
+            held.remove((base, m1 - m0))
+        if ogrid is None:
+            c.acc_jobs[n.id].append((nt, (m0, m1), u, base))
         rows = range(m0, m1)
         # the balance counts every K-tile at the full hold (counting half tiles at theirs moved
         # gpt2_block_decode's heads to other pairs: 2,308 -> 2,334 cycles)
@@ -201,15 +270,15 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
                 cb = ChainBuilder(c, n.line, n.id, hint=(("abc", u), hold - c.m.n_positions))
                 gi = cb.read(int(agrid[row, kt]), w, pos, 0)
                 after = [(("iw", u), 1)]
-                if kt == 0:
-                    after.append((("acc", u, mi), 1))
+                if kt == 0 and into is None:
+                    after.append((("acc", u, base + mi), 1))
                 # the plane mark sits `hold` before the end of this ABC's hold (the next IW's wait)
-                cb.abc(u, 0, (gi, dt), mi, 1 if kt else 0, khalf[kt], after=tuple(after),
-                       mark=((("abc", u), khold[kt] - hold), (("abcrow", u, mi), c.lat[O.ABC])),
+                cb.abc(u, 0, (gi, dt), base + mi, int(kt > 0 or into is not None), khalf[kt], after=tuple(after),
+                       mark=((("abc", u), khold[kt] - hold), (("abcrow", u, base + mi), c.lat[O.ABC])),
                        hold=khold[kt], pair=pair)
                 lw.chains.append(cb.chain())
-        for mi, row in enumerate(rows):
+        for mi, row in enumerate(rows if ogrid is not None else ()):
             cb = ChainBuilder(c, n.line, n.id, hint=(("acc", u), 1 - c.m.n_positions))
             go = cb.write(int(ogrid[row, nt]), 4, pos, c.lat[O.ACC])
-            cb.acc(u, 0, mi, (go, odt), after=((("abcrow", u, mi), 0),), mark=((("acc", u, mi), 0),))
+            cb.acc(u, 0, base + mi, (go, odt), after=((("abcrow", u, base + mi), 0),), mark=((("acc", u, base + mi), 0),))
             lw.chains.append(cb.chain())

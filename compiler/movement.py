@@ -188,7 +188,15 @@ def transpose_any(lw, n):
 
 def transpose_grid(lw, n, src, shape, dst, dtype):
     """dst[..., c, r] = src[..., r, c] through the SXM transpose buffers, one lanes x lanes
-    block at a time, alternating the two SXMs."""
+    block at a time, on the SXM of the block's side (its source all on one hemisphere:
+    lower.side_of), else alternating the two SXMs. A column read out (TPOUT) holds every row of
+    the buffer: rows past the block's may hold an earlier block's (`Ctx.tp_dirty`; the
+    buffers start zeroed). Where none do, each column goes from the SXM
+    straight to SRAM; where some do, they are first filled from zero vectors, except in the
+    trips of a loop of several, where the VXM zeroes those lanes of each column on its way
+    (zero rows: attention_prefill 1,445 -> 1,442, llama_block_prefill 6,239 -> 6,196,
+    bert_base L=1 14,803 -> 14,796; in loops too: gpt2_small_prefill 182,368 -> 181,906 but
+    bert_base 166,659 -> 167,602, L=3 42,306 -> 42,439, its trips replaying less)."""
     c = lw.ctx
     lanes = lw.lanes
     R, C = shape[-2], shape[-1]
@@ -197,22 +205,33 @@ def transpose_grid(lw, n, src, shape, dst, dtype):
     d3 = dst.reshape((-1,) + dst.shape[-2:])
     vpos = c.m.vxm_pos
     conv = O.VXM_UNARY["CONV"]
+    loop = lw.in_loop(n)
     for b in range(s3.shape[0]):
         for rb in range(-(-R // lanes)):
             for cbk in range(-(-C // lanes)):
-                h = c.next_sxm()
+                sides = {c.sxm_near(int(x)) for x in s3[b, rb * lanes:(rb + 1) * lanes, cbk].reshape(-1)}
+                h = sides.pop() if len(sides) == 1 else c.next_sxm()
                 spos = c.m.sxm_pos(h)
                 nr = min(lanes, R - rb * lanes)
-                for r in range(nr):
+                keys = [(h, p) for p in range(w)]
+                stale = lanes if loop else max(c.tp_dirty.get(k, 0) for k in keys)
+                rows = [int(s3[b, rb * lanes + r, cbk]) for r in range(nr)]
+                if stale > nr and not loop:
+                    zeros = lw.zero_vectors()
+                    rows += [int(zeros[j % len(zeros)]) for j in range(stale - nr)]
+                    stale = nr
+                for r, slot in enumerate(rows):
                     cb = ChainBuilder(c, n.line, n.id)
-                    gi = cb.read(int(s3[b, rb * lanes + r, cbk]), w, spos, 0)
+                    gi = cb.read(slot, w, spos, 0)
                     cb.tpin(h, 0, (gi, dt), r, after=((("tpout", h), 1),), mark=((("tpin", h), 0),))
                     lw.chains.append(cb.chain())
+                for k in keys if not loop else [(x, p) for x in (0, 1) for p in range(4)]:
+                    c.tp_dirty[k] = max(stale, nr)       # (a loop's: any, its trips replayed)
                 for col in range(min(lanes, C - cbk * lanes)):
                     cb = ChainBuilder(c, n.line, n.id)
                     out = int(d3[b, cbk * lanes + col, rb])
                     after, mark = ((("tpin", h), 1),), ((("tpout", h), 0),)
-                    if nr == lanes:
+                    if stale <= nr:
                         go = cb.write(out, w, spos, c.lat[O.TPOUT])
                         cb.tpout(h, 0, col, (go, dt), after, mark)
                     else:   # stale buffer rows past nr: zero those lanes on the VXM

@@ -10,6 +10,8 @@
   alias       a `store`: the new state version lives in the state's own region
   fused       an elementwise op whose one user is elementwise too: no storage, computed
               inside its user's chains (lower_fuse.py)
+  acc         a matmul whose one user is a matmul taking it as its third operand (a @ b + c):
+              left in the MXM's accumulators, which the user adds to (lower_mxm.py): no storage
   joined      a concat along the rows of temporaries only it uses, or along their lanes in
               whole chunks: its region is taken when the first of them is lowered, and each (a
               `part`) is computed straight into its rows or chunks (the heads' transposed
@@ -86,6 +88,8 @@ def make_plan(graph: IRGraph, lanes: int) -> Plan:
             base[n.id] = n.id
         elif n.op == "store":
             kind[n.id], base[n.id] = "alias", base[n.inputs[0]]
+        elif _in_acc(graph, n):
+            kind[n.id], base[n.id] = "acc", n.id
         elif n.op == "output":
             kind[n.id], base[n.id] = "output", n.id
         elif n.op == "transpose" and _mxm_transposable(graph, n):
@@ -249,6 +253,13 @@ def _joins_rows(graph: IRGraph, kind: dict, n, lanes: int) -> bool:
     return all(kind[i] == "temp" and graph.users(i) == [n.id] and graph.node(i).dtype == n.dtype
                and graph.node(i).op not in ("input", "weight", "state", "const") and i not in graph.outputs.values()
                for i in n.inputs)
+
+
+def _in_acc(graph: IRGraph, n) -> bool:
+    """A matmul whose one user is a matmul that adds it in the accumulators (its third operand)."""
+    us = graph.users(n.id)
+    return n.op == "matmul" and len(us) == 1 and graph.node(us[0]).op == "matmul" \
+        and tuple(graph.node(us[0]).inputs[2:]) == (n.id,) and n.id not in graph.outputs.values()
 
 
 def _root(graph, kind, nid):

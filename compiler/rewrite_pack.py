@@ -27,6 +27,7 @@ from lpu.compiler.ir import IRGraph
 from lpu.compiler import ops
 from lpu.compiler.rewrite import copied, rebuilding, rebuilt
 
+CHAINS = 2           # accumulators split_joins sums the heads' products in (see there)
 DECODE_ROWS = 16     # a product of at most this many rows is a decode step's (lower_mxm.FEW_ROWS)
 
 
@@ -342,7 +343,15 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
     p_h @ f16(v_h @ W_h) instead (`_absorbed`): v_h @ W_h runs while the softmax makes p_h (v_h
     is ready long before; lowered after the softmax's max, `_anchor`), and the path from p_h to the output has one product, not two (and
     no f16 pass between them). The rounding moves from the head's output to v_h @ W_h (both f16
-    before an MXM product; the reference's tolerance)."""
+    before an MXM product; the reference's tolerance).
+
+    Past DECODE_ROWS rows the products are summed in CHAINS accumulators, not by VXM adds: a
+    product after the first of its accumulator takes the one before as a third operand,
+    matmul(a, b, c) = a @ b + c, c left in the accumulators it was made in (plan kind `acc`,
+    lower_mxm: those heads are the K-tiles of one product, one ACC per row), and the
+    accumulators' results are added. Measured on attention_prefill (tsp-v1, rows on their
+    pair's side, lower.side_of): 1,598 (adds) -> 1,445 with two accumulators (heads 0-1 and
+    2-3, one per plane pair); one: 1,539, or 1,501 with its rows split over both pairs."""
     todo = {n.id for n in g.nodes() if _split_join(g, n, lanes)}
     if not todo:
         return g
@@ -383,17 +392,20 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
             continue
         c, w = (g.node(i) for i in n.inputs)
         parts, off = [], 0
-        for i in c.inputs:
+        run = -(-len(c.inputs) // CHAINS) if n.shape[0] > DECODE_ROWS else 1   # products per accumulator
+        for j, i in enumerate(c.inputs):
             x = g.node(i)
             k = x.shape[1]
+            acc = tuple(parts[-1:]) if j % run else ()
             if i in casts:          # p_h @ f16(v_h @ W_h)
                 p = g.node(casts[i]).inputs[0]
-                parts.append(new.add("matmul", (m[p], m[i]), n.shape, n.dtype, {}, n.line, n.col))
+                parts.append(new.add("matmul", (m[p], m[i]) + acc, n.shape, n.dtype, {}, n.line, n.col))
             else:
                 wr = new.add("slice", (m[w.id],), (k, w.shape[1]), w.dtype, {"index": ((off, off + k), (0, w.shape[1]))},
                              n.line, n.col)
-                parts.append(new.add("matmul", (m[i], wr), n.shape, n.dtype, {}, n.line, n.col))
+                parts.append(new.add("matmul", (m[i], wr) + acc, n.shape, n.dtype, {}, n.line, n.col))
             off += k
+        parts = parts[run - 1::run] + ([parts[-1]] if len(parts) % run else [])
         while len(parts) > 1:
             odd = parts[-1:] if len(parts) % 2 else []
             parts = [new.add("add", (parts[j], parts[j + 1]), n.shape, n.dtype, {}, n.line, n.col)
