@@ -5,19 +5,20 @@ from numba import njit
 
 
 @njit(cache=True)
-def store(mem, rows, planes, chunks):
-    """mem[rows[r * chunks + c, b], l] = planes[r, b, c * lanes + l] (byte b of the element in
-    column c * lanes + l of row r; 0 past the last column): planes uint8 [rows, width, cols]."""
+def store(mem, rows, by, chunks):
+    """mem[rows[r * chunks + c, b], l] = by[r, c * lanes + l, b] (byte b of the element in column
+    c * lanes + l of row r; 0 past the last column): by uint8 [rows, cols, width], the tensor's
+    little-endian bytes as they lie in memory (read once, no transposed copy)."""
     lanes = mem.shape[1]
-    nrow, width, cols = planes.shape
+    nrow, cols, width = by.shape
     for r in range(nrow):
-        for b in range(width):
-            src = planes[r, b]
-            for c in range(chunks):
-                n = min(lanes, cols - c * lanes)
-                dst, run = mem[rows[r * chunks + c, b]], src[c * lanes:c * lanes + n]
+        src = by[r]
+        for c in range(chunks):
+            n = min(lanes, cols - c * lanes)
+            for b in range(width):
+                dst = mem[rows[r * chunks + c, b]]
                 for l in range(n):
-                    dst[l] = run[l]
+                    dst[l] = src[c * lanes + l, b]
                 for l in range(n, lanes):
                     dst[l] = 0
 
