@@ -1,24 +1,26 @@
 """Jitted copies between tensors' bytes and the compact SRAM image (used by emulator/run.py's
 `load` and `_fetch`): one pass over a tensor's bytes instead of numpy's padded, transposed
 temporaries."""
+import numpy as np
 from numba import njit
 
 
 @njit(cache=True)
-def store(mem, rows, by, chunks):
-    """mem[rows[r * chunks + c, b], l] = by[r, c * lanes + l, b] (byte b of the element in column
-    c * lanes + l of row r; 0 past the last column): by uint8 [rows, cols, width], the tensor's
-    little-endian bytes as they lie in memory (read once, no transposed copy)."""
+def store(mem, rows, vals, chunks, width):
+    """mem[rows[r * chunks + c, b], l] = byte b of vals[r, c * lanes + l] (0 past the last
+    column): vals unsigned integers [rows, cols] of `width` bytes, the tensor's little-endian
+    bits (read in place once: a shift per byte plane, which vectorizes)."""
     lanes = mem.shape[1]
-    nrow, cols, width = by.shape
+    nrow, cols = vals.shape
     for r in range(nrow):
-        src = by[r]
+        src = vals[r]
         for c in range(chunks):
             n = min(lanes, cols - c * lanes)
+            run = src[c * lanes:c * lanes + n]
             for b in range(width):
                 dst = mem[rows[r * chunks + c, b]]
                 for l in range(n):
-                    dst[l] = src[c * lanes + l, b]
+                    dst[l] = np.uint8((run[l] >> (8 * b)) & 0xFF)
                 for l in range(n, lanes):
                     dst[l] = 0
 
