@@ -181,9 +181,9 @@ def _to_bits(dtype: str, arr: np.ndarray) -> np.ndarray:
 
 def _store(mem: np.ndarray, rows: np.ndarray, sym: Symbol, arr: np.ndarray, m):
     nrow, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
-    planes = _to_bits(sym.dtype, arr.reshape(nrow, cols))
-    sram_core.store(mem, rows, np.ascontiguousarray(planes.transpose(0, 2, 1)) if sym.width > 1 else
-                    planes.reshape(nrow, 1, cols), chunks)
+    by = _to_bits(sym.dtype, arr.reshape(nrow, cols))               # [rows, cols, width] bytes
+    bits = by.view(np.dtype(f"u{sym.width}").newbyteorder("<")).reshape(nrow, cols)
+    sram_core.store(mem, rows, bits.astype(f"u{sym.width}", copy=False), chunks, sym.width)
 
 
 def _fetch(mem: np.ndarray, rows: np.ndarray, sym: Symbol, m) -> np.ndarray:

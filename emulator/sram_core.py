@@ -1,23 +1,26 @@
 """Jitted copies between tensors' bytes and the compact SRAM image (used by emulator/run.py's
 `load` and `_fetch`): one pass over a tensor's bytes instead of numpy's padded, transposed
 temporaries."""
+import numpy as np
 from numba import njit
 
 
 @njit(cache=True)
-def store(mem, rows, planes, chunks):
-    """mem[rows[r * chunks + c, b], l] = planes[r, b, c * lanes + l] (byte b of the element in
-    column c * lanes + l of row r; 0 past the last column): planes uint8 [rows, width, cols]."""
+def store(mem, rows, vals, chunks, width):
+    """mem[rows[r * chunks + c, b], l] = byte b of vals[r, c * lanes + l] (0 past the last
+    column): vals unsigned integers [rows, cols] of `width` bytes, the tensor's little-endian
+    bits (read in place once: a shift per byte plane, which vectorizes)."""
     lanes = mem.shape[1]
-    nrow, width, cols = planes.shape
+    nrow, cols = vals.shape
     for r in range(nrow):
-        for b in range(width):
-            src = planes[r, b]
-            for c in range(chunks):
-                n = min(lanes, cols - c * lanes)
-                dst, run = mem[rows[r * chunks + c, b]], src[c * lanes:c * lanes + n]
+        src = vals[r]
+        for c in range(chunks):
+            n = min(lanes, cols - c * lanes)
+            run = src[c * lanes:c * lanes + n]
+            for b in range(width):
+                dst = mem[rows[r * chunks + c, b]]
                 for l in range(n):
-                    dst[l] = run[l]
+                    dst[l] = np.uint8((run[l] >> (8 * b)) & 0xFF)
                 for l in range(n, lanes):
                     dst[l] = 0
 

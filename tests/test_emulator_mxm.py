@@ -170,12 +170,12 @@ def test_bulk_path_recomputes_only_doubtful_elements():
     norms = np.zeros(320)
     mxm.column_norms(w, norms)
     y = x @ w
-    redo = mxm.settle(x, 64, w, norms, y, 0, 320)
+    redo = mxm.settle(x, 64, w, norms, y, 0, 320, np.arange(320), 320)
     assert 0 <= redo < 0.01 * y.size
     x[:, 160:] = x[:, :160]
     w[160:] = -w[:160]                    # every sum exactly zero: every element is recomputed
     y = x @ w
-    assert mxm.settle(x, 64, w, norms, y, 0, 320) == y.size and not np.any(y)
+    assert mxm.settle(x, 64, w, norms, y, 0, 320, np.arange(320), 320) == y.size and not np.any(y)
 
 
 def test_i8_products_are_exact_integers():
