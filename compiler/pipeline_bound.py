@@ -32,7 +32,10 @@ and the earliest cycle L by which all of them can (leaves: 0), through three rul
   broadcasts, down to the declarations.
 
 The cycles of any schedule are at least L of the outputs. Like benchmarks/bounds.py, this
-assumes that a matmul computes its whole product (the compiler narrows none).
+assumes that a matmul computes its whole product (the compiler narrows none), and that the
+compiler's rewrites keep each declared element's product with the value it meets (they mask,
+split and join products, as rewrite_decode, rewrite_pack, split_gemv do; none folds a weight
+into another tensor before the step's input arrives).
 
 llama2_7b_decode on 40 chips (tsp-v1): 267,746 cycles, found in about 1.5 s; tensor parallel
 compiles to 254,255, so auto does not compile the pipeline. The bound is below the stream
