@@ -56,6 +56,7 @@ import numpy as np
 from lpu.compiler.ir import IRGraph, Node
 from lpu.compiler.ops import ELEMENTWISE as ops_ELEMENTWISE, LEAVES, OPS, REDUCE
 from lpu.isa.dtypes import dtype_width
+from lpu.isa.errors import LpuError
 from lpu.isa.machine import MachineConfig
 
 # the op table's bound classes (compiler/ops.py): VXM work is counted for these
@@ -408,6 +409,8 @@ def lower_bounds(graph: IRGraph, m: MachineConfig) -> dict:
 #   over a split last axis (a layernorm of split columns) gathers first. Bound: max(each
 #   resource's work / N, the links' slots) plus a hop per collective. Past one node the nodes
 #   form a pipeline (tensor parallel in a node), one global hop per cut.
+# - pp_schedule: a strict bound on any pipeline over the compiler's cuts, the figure
+#   `--parallel auto` compares with tensor parallel (compiler/pipeline_bound.py).
 
 FULL, COLS, LOCAL = 0, 1, 2          # whole on every chip; last axis split over chips; a head's own chip
 
@@ -491,4 +494,21 @@ def system_bounds(graph: IRGraph, m: MachineConfig, system, chips: int) -> dict:
     per_node = max(max(math.ceil(one[k] / n) for k in work), links) if n > 1 else max(one[k] for k in work)
     tp = max(per_node, one["critical_path"]) + (nodes - 1) * system.global_hop_cycles
     return {"chips": chips, "any": any_, "pp": pp, "tp": tp, "tp_links": links, "tp_chips": n,
+            "pp_schedule": _pp_schedule(graph, system, chips),
             "one_chip": one["bound"], "one_chip_kind": one["bound_kind"]}
+
+
+def _pp_schedule(graph: IRGraph, system, chips: int) -> int | None:
+    """The strict bound on a pipeline over the compiler's cuts (compiler/pipeline_bound.py, the
+    one `--parallel auto` compares with tensor parallel), None if the program does not cut."""
+    from dataclasses import replace
+
+    from lpu.compiler.pipeline_bound import pipeline_bound
+    from lpu.compiler.system import pipeline_cuts
+    if chips < 2:
+        return None
+    sys_n = replace(system, chips=chips)
+    try:
+        return pipeline_bound(graph, sys_n, pipeline_cuts(graph, sys_n))
+    except LpuError:
+        return None

@@ -1,5 +1,5 @@
 """Child process of the system benchmark (benchmarks/systems.py), so that each figure has its
-own peak resident memory: `compile PROG.lpu CHIPS OUT.lpubin [NAME=V ...] [--parallel=pp|tp|auto]`
+own peak resident memory: `compile PROG.lpu CHIPS OUT.lpubin [NAME=V ...] [--parallel=pp|tp|auto]` (default: the CLI's)
 compiles for a system and writes the bundle; `run OUT.lpubin WORKERS [check] [warm]` emulates it (warm: once before the
 timed run); `one PROG.lpu [NAME=V ...]` runs a program on one chip in the plain emulator.
 Prints one JSON line (wall time, peak RSS = ru_maxrss, cycles, ...)."""
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     if mode == "compile":
         from lpu.isa.bundle import save_bundle
         chips, out, params = argv[2], argv[3], [p for p in argv[4:] if not p.startswith("--parallel=")]
-        parallel = next((p.split("=", 1)[1] for p in argv[4:] if p.startswith("--parallel=")), "pp")
+        parallel = next((p.split("=", 1)[1] for p in argv[4:] if p.startswith("--parallel=")), None)
         t0 = time.perf_counter()
         sp, _ = compile_for(SimpleNamespace(program=path, params=params, machine=None, chips=chips, parallel=parallel),
                             CompileStats())

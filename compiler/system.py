@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from lpu.compiler import partition as P
 from lpu.compiler.driver import CompileStats, compile_graph
 from lpu.compiler.links import FILL
+from lpu.compiler.pipeline_bound import pipeline_bound
 from lpu.compiler.system_pp import compile_stages
 from lpu.compiler.system_tp import compile_tp
 from lpu.isa.errors import CapacityError, LpuError
@@ -52,8 +53,11 @@ def compile_system(graph, system: SystemConfig, stats: CompileStats | None = Non
                    parallel: str = "pp") -> SystemProgram:
     """Partition `graph` over system.chips chips and compile every chip. parallel: "pp"
     (pipeline), "tp" (tensor parallel in a node, or a pipeline of such nodes: compiler/system_tp.py)
-    or "auto" (both where
-    tensor parallel splits the program: the one the compiler predicts faster)."""
+    or "auto" (the one the compiler predicts faster; a tie keeps the pipeline). Auto compiles
+    tensor parallel first and the pipeline only if a pipeline could be faster: when the bound on
+    any pipeline schedule over the same cuts (compiler/pipeline_bound.py, from the IR alone)
+    already exceeds tensor parallel's predicted cycles, the compiled pipeline would exceed them
+    too and lose, so it is not compiled (llama2_7b_decode on 40 chips: 267,746 > 254,255)."""
     if system.chips > 1 and parallel in ("tp", "auto"):
         try:
             progs, outputs, rows = compile_tp(graph, system, stats)
@@ -63,6 +67,8 @@ def compile_system(graph, system: SystemConfig, stats: CompileStats | None = Non
                 raise
             tp = None
         if parallel == "tp":
+            return tp
+        if tp is not None and pipeline_loses(graph, system, tp.predicted_cycles):
             return tp
         try:
             pp = compile_system(graph, system, stats, "pp")
@@ -75,15 +81,29 @@ def compile_system(graph, system: SystemConfig, stats: CompileStats | None = Non
         prog = compile_graph(graph, system.machine, stats)
         prog.params = dict(graph.params)
         return SystemProgram(system, [prog], {name: 0 for name in graph.outputs}, dict(graph.params), [{}])
-    try:
-        cuts = P.choose_cuts(graph, system.chips, int(system.machine.sram_bytes * FILL))
-    except ValueError as e:
-        raise LpuError(f"cannot split the program over {system.chips} chips: {e}") from None
-    stages = P.split(graph, cuts, system.route)
+    stages = P.split(graph, pipeline_cuts(graph, system), system.route)
     progs = compile_stages(system, stages, stats)
     outputs = {name: s for s, st in enumerate(stages) for name in st.graph.outputs
                if not name.startswith(P.LINK_PREFIX)}
     return SystemProgram(system, progs, outputs, dict(graph.params), [dict(st.rows) for st in stages])
+
+
+def pipeline_cuts(graph, system: SystemConfig) -> list[int]:
+    """Where the pipeline's stages begin (partition.choose_cuts, the chip's SRAM less FILL)."""
+    try:
+        return P.choose_cuts(graph, system.chips, int(system.machine.sram_bytes * FILL))
+    except ValueError as e:
+        raise LpuError(f"cannot split the program over {system.chips} chips: {e}") from None
+
+
+def pipeline_loses(graph, system: SystemConfig, cycles: int) -> bool:
+    """Whether every pipeline schedule of `graph` on `system` takes more than `cycles` (its
+    bound over the cuts the pipeline would take does)."""
+    try:
+        cuts = pipeline_cuts(graph, system)
+    except LpuError:
+        return False
+    return pipeline_bound(graph, system, cuts) > cycles
 
 
 def compile_auto(graph, system: SystemConfig, stats: CompileStats | None = None,

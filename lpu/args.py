@@ -42,12 +42,12 @@ def add_common(p, compiles: bool = True) -> None:
 def add_chips(p, run: bool = False) -> None:
     """`--chips N|auto` (a system of chips, lpu/cmd_system.py) and, for run, `--workers N`."""
     p.add_argument("--chips", metavar="N|auto", default=None,
-                   help="partition the program over N chips of a node (pipeline parallel; isa/systems/node.toml), "
+                   help="partition the program over N chips of a node (isa/systems/node.toml; how: --parallel), "
                         "or the fewest that fit ('auto')")
-    p.add_argument("--parallel", choices=("pp", "tp", "auto"), default="pp",
-                   help="with several chips: pipeline parallel (pp, the default), tensor parallel in a node (tp: "
-                        "weights split by columns and rows, all-reduces on the links), or the one the compiler "
-                        "predicts faster (auto)")
+    p.add_argument("--parallel", choices=("pp", "tp", "auto"), default=None,
+                   help="with several chips: pipeline parallel (pp, the default with --chips N), tensor parallel "
+                        "in a node (tp: weights split by columns and rows, all-reduces on the links), or the one "
+                        "the compiler predicts faster (auto, the default with --chips auto)")
     if run:
         p.add_argument("--workers", type=int, default=0, metavar="N",
                        help="with several chips: emulate them in N local processes (default: this one)")

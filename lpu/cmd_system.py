@@ -86,7 +86,7 @@ def compile_for(a, stats):
     system = SystemConfig.load(getattr(a, "system", None) or "node", machine_of(a.machine), 1)
     chips = parse_chips(a.chips) or 1
     t0 = time.perf_counter()
-    parallel = getattr(a, "parallel", None) or "pp"
+    parallel = getattr(a, "parallel", None) or ("auto" if chips == "auto" else "pp")
     if chips == "auto":
         sp = compile_auto(graph, system, stats, parallel=parallel)
     else:
