@@ -25,7 +25,10 @@ from lpu.compiler.lower_common import imm_bits, nv_chunks, sxm_chain, vxm_chain
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
 
-MAX_FUSED = 3          # producers folded into one consumer: the chain's width stays small
+MAX_FUSED = 4          # producers folded into one consumer: the chain's width stays small. 4, not 3:
+#                        a decode step's residual x + f16((p1 + p2) * s + b) after a K-split product
+#                        (rewrite_latency.split_gemv) is one chain, not two trips through SRAM (measured: gpt2_small_decode 29,256 -> 28,784, bert_base 166,659 -> 165,765,
+#                        L=1 14,901 -> 14,825; 5, 6 and 8 the same; no other program moves)
 GROUP = 8              # output vectors per chain at most when they share a broadcast operand
 STAGE_RATE = 16        # a vector whose operands clash on a bank is computed in one chain after a
 #                        copy of one operand (`_staged_chain`) while at most one vector in this many
