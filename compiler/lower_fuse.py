@@ -5,7 +5,7 @@ written. Unfused, every op is its own READ -> VXM -> WRITE trip between a MEM sl
 VXM (tens of cycles each way), which is what a one-row (decode) program waits on.
 
 The plan (plan.py) marks such producers "fused": they get no storage and no code of their own;
-the op that uses them lowers the whole tree here. A one-op producer with several elementwise
+the op that uses them lowers the whole tree here. A small producer with several elementwise
 users (layernorm's x - mean) is fused into each of them: computed again, never stored. In
 small ops an operand broadcast along the lanes is spread by the SXM (DISTRIBUTE) inside the
 chain too, instead of through a temporary. Each op keeps its dtype, its opcode and its
@@ -36,6 +36,11 @@ STAGE_RATE = 16        # a vector whose operands clash on a bank is computed in 
 #                        bert_base 216,340 -> 212,175, gpt2_small_prefill 220,250 -> 214,563,
 #                        attention_prefill 2,237 -> 2,153, mlp 714 -> 671; where clashes are frequent
 #                        (mlp on tiny: 320 of 2,048 vectors) copying every one was slower (33,435 -> 33,455)
+DUP_SUBTREE = 1        # fused producers that a producer computed again in each user may carry: a decode
+#                        head's e = exp(s - max) is computed in each of the casts that make its hi and lo
+#                        rows, not stored and read back (measured: gpt2_small_decode 28,196 -> 28,005,
+#                        llama_block_decode 1,721 -> 1,701, gpt2_block_decode 1,773 -> 1,765,
+#                        attention_decode 915 -> 904; 2 the same; 0 as before)
 DUP_MAX_VECTORS = 16   # a producer computed again in each of its users only up to this size: in
 #                        a one-row (decode) program its trip is latency; in a prefill its operands'
 #                        lane broadcasts, done again per user, cost more SXM time than it saves
@@ -65,17 +70,18 @@ def fusable(graph, kind: dict, lanes: int) -> set:
                     and size[u.id] + size.get(p, 0) + 1 <= MAX_FUSED):
                 fused.add(p)
                 size[u.id] += size.get(p, 0) + 1
-    for p in graph.nodes():       # a one-op producer of several elementwise users: recomputed in each
+    for p in graph.nodes():       # a small producer of several elementwise users: recomputed in each
         users = graph.users(p.id)
         if (p.id in fused or kind.get(p.id) != "temp" or not _elementwise(p) or len(users) < 2
                 or _vectors(p.shape, lanes) > DUP_MAX_VECTORS
-                or p.id in graph.outputs.values() or any(i in fused for i in p.inputs)):
+                or p.id in graph.outputs.values() or size.get(p.id, 0) > DUP_SUBTREE):
             continue
+        own = size.get(p.id, 0) + 1
         if all(kind.get(u) == "temp" and _elementwise(graph.node(u)) and graph.node(u).shape == p.shape
-               and graph.node(u).inputs.count(p.id) <= 2 and size.get(u, 0) + 1 <= MAX_FUSED for u in users):
+               and graph.node(u).inputs.count(p.id) <= 2 and size.get(u, 0) + own <= MAX_FUSED for u in users):
             fused.add(p.id)
             for u in users:
-                size[u] += 1
+                size[u] += own
     return fused
 
 
