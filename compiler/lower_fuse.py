@@ -25,10 +25,13 @@ from lpu.compiler.lower_common import imm_bits, nv_chunks, sxm_chain, vxm_chain
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
 
-MAX_FUSED = 4          # producers folded into one consumer: the chain's width stays small. 4, not 3:
-#                        a decode step's residual x + f16((p1 + p2) * s + b) after a K-split product
-#                        (rewrite_latency.split_gemv) is one chain, not two trips through SRAM (measured: gpt2_small_decode 29,256 -> 28,784, bert_base 166,659 -> 165,765,
-#                        L=1 14,901 -> 14,825; 5, 6 and 8 the same; no other program moves)
+MAX_FUSED = 3          # producers folded into one consumer: the chain's width stays small
+MAX_FUSED_SMALL = 4    # the same for a consumer of at most DUP_MAX_VECTORS vectors: a decode step's
+#                        residual x + f16((p1 + p2) * s + b) after a K-split product
+#                        (rewrite_latency.split_gemv) is one chain, not two trips through SRAM
+#                        (measured: gpt2_small_decode 29,256 -> 28,784; 5, 6 and 8 the same); 4 for
+#                        every consumer made bert_base faster (166,659 -> 165,765) but the wide rows of
+#                        tests/test_schedule_quality.py's FUSE on tiny slower (556 -> 680: clashes)
 GROUP = 8              # output vectors per chain at most when they share a broadcast operand
 STAGE_RATE = 16        # a vector whose operands clash on a bank is computed in one chain after a
 #                        copy of one operand (`_staged_chain`) while at most one vector in this many
@@ -55,6 +58,10 @@ def _elementwise(n) -> bool:
     return bool(ops.OPS[n.op].vxm)
 
 
+def _max_fused(u, lanes: int) -> int:
+    return MAX_FUSED_SMALL if _vectors(u.shape, lanes) <= DUP_MAX_VECTORS else MAX_FUSED
+
+
 def fusable(graph, kind: dict, lanes: int) -> set:
     """Producers to fuse into their one elementwise user (see the module doc)."""
     fused: set = set()
@@ -67,7 +74,7 @@ def fusable(graph, kind: dict, lanes: int) -> set:
             pn = graph.node(p)
             if (kind.get(p) == "temp" and _elementwise(pn) and graph.users(p) == [u.id]
                     and pn.shape == u.shape and u.inputs.count(p) == 1 and p not in graph.outputs.values()
-                    and size[u.id] + size.get(p, 0) + 1 <= MAX_FUSED):
+                    and size[u.id] + size.get(p, 0) + 1 <= _max_fused(u, lanes)):
                 fused.add(p)
                 size[u.id] += size.get(p, 0) + 1
     for p in graph.nodes():       # a small producer of several elementwise users: recomputed in each
@@ -78,7 +85,7 @@ def fusable(graph, kind: dict, lanes: int) -> set:
             continue
         own = size.get(p.id, 0) + 1
         if all(kind.get(u) == "temp" and _elementwise(graph.node(u)) and graph.node(u).shape == p.shape
-               and graph.node(u).inputs.count(p.id) <= 2 and size.get(u, 0) + own <= MAX_FUSED for u in users):
+               and graph.node(u).inputs.count(p.id) <= 2 and size.get(u, 0) + own <= _max_fused(graph.node(u), lanes) for u in users):
             fused.add(p.id)
             for u in users:
                 size[u] += own
