@@ -5,7 +5,7 @@ written. Unfused, every op is its own READ -> VXM -> WRITE trip between a MEM sl
 VXM (tens of cycles each way), which is what a one-row (decode) program waits on.
 
 The plan (plan.py) marks such producers "fused": they get no storage and no code of their own;
-the op that uses them lowers the whole tree here. A one-op producer with several elementwise
+the op that uses them lowers the whole tree here. A small producer with several elementwise
 users (layernorm's x - mean) is fused into each of them: computed again, never stored. In
 small ops an operand broadcast along the lanes is spread by the SXM (DISTRIBUTE) inside the
 chain too, instead of through a temporary. Each op keeps its dtype, its opcode and its
@@ -26,6 +26,12 @@ from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
 
 MAX_FUSED = 3          # producers folded into one consumer: the chain's width stays small
+MAX_FUSED_SMALL = 4    # the same for a consumer of at most DUP_MAX_VECTORS vectors: a decode step's
+#                        residual x + f16((p1 + p2) * s + b) after a K-split product
+#                        (rewrite_latency.split_gemv) is one chain, not two trips through SRAM
+#                        (measured: gpt2_small_decode 29,256 -> 28,784; 5, 6 and 8 the same); 4 for
+#                        every consumer made bert_base faster (166,659 -> 165,765) but the wide rows of
+#                        tests/test_schedule_quality.py's FUSE on tiny slower (556 -> 680: clashes)
 GROUP = 8              # output vectors per chain at most when they share a broadcast operand
 STAGE_RATE = 16        # a vector whose operands clash on a bank is computed in one chain after a
 #                        copy of one operand (`_staged_chain`) while at most one vector in this many
@@ -33,6 +39,11 @@ STAGE_RATE = 16        # a vector whose operands clash on a bank is computed in 
 #                        bert_base 216,340 -> 212,175, gpt2_small_prefill 220,250 -> 214,563,
 #                        attention_prefill 2,237 -> 2,153, mlp 714 -> 671; where clashes are frequent
 #                        (mlp on tiny: 320 of 2,048 vectors) copying every one was slower (33,435 -> 33,455)
+DUP_SUBTREE = 1        # fused producers that a producer computed again in each user may carry: a decode
+#                        head's e = exp(s - max) is computed in each of the casts that make its hi and lo
+#                        rows, not stored and read back (measured: gpt2_small_decode 28,196 -> 28,005,
+#                        llama_block_decode 1,721 -> 1,701, gpt2_block_decode 1,773 -> 1,765,
+#                        attention_decode 915 -> 904; 2 the same; 0 as before)
 DUP_MAX_VECTORS = 16   # a producer computed again in each of its users only up to this size: in
 #                        a one-row (decode) program its trip is latency; in a prefill its operands'
 #                        lane broadcasts, done again per user, cost more SXM time than it saves
@@ -47,6 +58,10 @@ def _elementwise(n) -> bool:
     return bool(ops.OPS[n.op].vxm)
 
 
+def _max_fused(u, lanes: int) -> int:
+    return MAX_FUSED_SMALL if _vectors(u.shape, lanes) <= DUP_MAX_VECTORS else MAX_FUSED
+
+
 def fusable(graph, kind: dict, lanes: int) -> set:
     """Producers to fuse into their one elementwise user (see the module doc)."""
     fused: set = set()
@@ -59,20 +74,21 @@ def fusable(graph, kind: dict, lanes: int) -> set:
             pn = graph.node(p)
             if (kind.get(p) == "temp" and _elementwise(pn) and graph.users(p) == [u.id]
                     and pn.shape == u.shape and u.inputs.count(p) == 1 and p not in graph.outputs.values()
-                    and size[u.id] + size.get(p, 0) + 1 <= MAX_FUSED):
+                    and size[u.id] + size.get(p, 0) + 1 <= _max_fused(u, lanes)):
                 fused.add(p)
                 size[u.id] += size.get(p, 0) + 1
-    for p in graph.nodes():       # a one-op producer of several elementwise users: recomputed in each
+    for p in graph.nodes():       # a small producer of several elementwise users: recomputed in each
         users = graph.users(p.id)
         if (p.id in fused or kind.get(p.id) != "temp" or not _elementwise(p) or len(users) < 2
                 or _vectors(p.shape, lanes) > DUP_MAX_VECTORS
-                or p.id in graph.outputs.values() or any(i in fused for i in p.inputs)):
+                or p.id in graph.outputs.values() or size.get(p.id, 0) > DUP_SUBTREE):
             continue
+        own = size.get(p.id, 0) + 1
         if all(kind.get(u) == "temp" and _elementwise(graph.node(u)) and graph.node(u).shape == p.shape
-               and graph.node(u).inputs.count(p.id) <= 2 and size.get(u, 0) + 1 <= MAX_FUSED for u in users):
+               and graph.node(u).inputs.count(p.id) <= 2 and size.get(u, 0) + own <= _max_fused(graph.node(u), lanes) for u in users):
             fused.add(p.id)
             for u in users:
-                size[u] += 1
+                size[u] += own
     return fused
 
 
@@ -270,11 +286,16 @@ def _replaced(tree, path, leaf):
 def _staged_chain(lw, n, tree, k, out_slot, nv) -> bool:
     """Vector k in one chain after all, its operands' banks clashing: one operand copied first
     to slices none of the others use (one more trip for that operand, where the op-by-op form
-    takes one per op of the tree)."""
+    takes one per op of the tree). Every read of that operand takes the copy: in layernorm's
+    (x - mu) * (x - mu) x is read by both subtrees, and a copy in one left the other's read
+    clashing with mu (the staging failed, op by op: gpt2_small_decode 28,784 -> 28,196)."""
     leaves = _leaves(tree, k)
     nsl = lw.ctx.nslices
     for path, v in leaves:
-        bad = {(o[0] + i) % nsl for p, o in leaves if p != path for i in range(dtype_width(o[1]))}
+        same = [p for p, o in leaves if o == v]    # every read of that operand (x in (x - mu) * (x - mu))
+        if path != same[0]:
+            continue
+        bad = {(o[0] + i) % nsl for p, o in leaves if o != v for i in range(dtype_width(o[1]))}
         grid, region = lw.temp((1, 12 * lw.lanes), v[1])      # 12 vectors: some miss the others' slices
         free = [int(b) for b in grid.reshape(-1) if not {(int(b) + i) % nsl for i in range(dtype_width(v[1]))} & bad]
         if not free:
@@ -283,7 +304,10 @@ def _staged_chain(lw, n, tree, k, out_slot, nv) -> bool:
         mark = len(lw.chains)
         vxm_chain(lw, n, O.VXM_UNARY["CONV"], free[0], v[1], lw.lanes, v)
         copy = np.full(k + 1, free[0], np.int64)
-        if _fused_chain(lw, n, _replaced(tree, path, ("grid", copy, v[1])), [(k, out_slot, nv)]):
+        staged = tree
+        for p in same:
+            staged = _replaced(staged, p, ("grid", copy, v[1]))
+        if _fused_chain(lw, n, staged, [(k, out_slot, nv)]):
             lw.pending_free.append(region)
             return True
         del lw.chains[mark:]
