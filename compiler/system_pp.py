@@ -4,9 +4,10 @@ several paths at once.
 A cut of a pipeline of one input happens while every chip but its two ends is idle, and a node's
 chips are fully connected: a long cut (at least RELAY_HOPS hop latencies on one link) is sent
 over the direct link and, through each other chip of the node (a *relay*), over two more links:
-its byte planes, in column-chunk order, go round robin over the paths (so the receiver's first K
-block is complete after a quarter of the transfer, as on one link). A relay receives its share
-into a buffer of its own (an input `@<node>^`, kind link) and sends each plane on as soon as it
+its byte planes go round robin over the paths, in groups of rows (compiler/rewrite_rows.py's
+groups: the sender's last layernorm makes its rows a group at a time, and the receiver's first
+matmul takes them as blocks of rows, attr `arrives` of its link input), each group column chunk
+by column chunk. A relay receives its share into a buffer of its own (an input `@<node>^`, kind link) and sends each plane on as soon as it
 is written (RECV -> WRITE, READ -> SEND: the chains of compiler/links.py). bert_large on 4
 chips: 3,072 vectors a cut, 73.7k cycles on one link, about a third of that on three.
 
@@ -33,10 +34,11 @@ from lpu.compiler import partition as P
 from lpu.compiler.chains import Ctx
 from lpu.compiler.driver import compile_graph
 from lpu.compiler.links import persistent_layout, place_recvs, place_sends, planes_of
+from lpu.compiler.rewrite_rows import row_bounds
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import dtype_width
 from lpu.isa.errors import CapacityError
-from lpu.isa.program import send_cycles
+from lpu.isa.program import send_cycles, vector_grid
 
 RELAY_HOPS = 8       # a cut goes over several paths when one link would take this many hop latencies
 
@@ -68,7 +70,12 @@ def plan(system, stages) -> tuple[list, list]:
         for nid, to in st.send:
             g = st.graph
             node = g.node(g.outputs[P.send_name(nid)])
-            planes = planes_of(node.shape, dtype_width(node.dtype), m.lanes)
+            rows = vector_grid(node.shape, m.lanes)[0]
+            bounds = row_bounds(rows) if len(node.shape) == 2 else [0, rows]
+            planes = planes_of(node.shape, dtype_width(node.dtype), m.lanes, bounds)
+            if len(bounds) > 2:          # the receiver's matmuls take it a group at a time
+                tg = stages[to].graph
+                tg.node(tg.decls[P.link_name(nid)]).attrs["arrives"] = tuple(zip(bounds, bounds[1:]))
             via = [r for r in range(system.chips) if r not in (s, to) and system.node_of(r) == system.node_of(s)
                    == system.node_of(to)] if to == s + 1 else []
             if len(planes) * system.slot_cycles < RELAY_HOPS * system.hop_cycles:
