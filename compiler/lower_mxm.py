@@ -182,6 +182,8 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     if len(blocks) == 1:      # (rows already in blocks keep them: bert_base's 128-row w2 and wo in
         #                       two blocks of 64, as the groups, went 166,659 -> 167,876 as 63 + 65)
         blocks = _departing_rows(lw, n, M) or blocks
+    cap = m.acc_rows              # a group of more rows than the accumulators in several blocks
+    blocks = [(a, min(r1, a + cap)) for r0, r1 in blocks for a in range(r0, r1, cap)]
     jobs = [(nt, b) for b in blocks for nt in range(nchunks)]
     # a K-tile of at most lanes/2 rows takes half an f16 product (one [1x160]x[160x320] pass),
     # past FEW_ROWS rows (half holds in the decode heads' products moved gpt2_small_decode's
