@@ -27,13 +27,18 @@ def planes(sym):
     return [(v, b) for v in range(sym.slices.shape[0]) for b in range(sym.slices.shape[1])]
 
 
-def planes_of(shape, width: int, lanes: int) -> list:
+def planes_of(shape, width: int, lanes: int, bounds: list | None = None) -> list:
     """The byte planes (v, b) of a value of `shape` and dtype `width` bytes, column chunk by
     column chunk (vector v is row v // chunks, chunk v % chunks): a receiver's matmul over the
     value can start on the first chunk of every row (its first K block) while the rest is still
-    on the link."""
+    on the link. With `bounds` (where groups of rows start, and the rows), group by group, each
+    group column chunk by column chunk: a group is sent as soon as the sender has it (a
+    layernorm's rows come a group at a time: compiler/rewrite_rows.py) and a receiver's matmul
+    takes it as a block of rows (lower_mxm)."""
     nrow, chunks, _ = vector_grid(tuple(shape), lanes)
-    return [(r * chunks + c, b) for c in range(chunks) for r in range(nrow) for b in range(width)]
+    bounds = bounds or [0, nrow]
+    return [(r * chunks + c, b) for r0, r1 in zip(bounds, bounds[1:]) for c in range(chunks)
+            for r in range(r0, r1) for b in range(width)]
 
 
 def planes_by_chunk(sym, lanes: int):

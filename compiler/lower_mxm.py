@@ -121,12 +121,15 @@ def _nearest_last_row(lw, units, last_row) -> int:
     return min(units, key=lambda x: (int(np.abs(m.mxm_pos(x) - pos).max()), x))
 
 
-def _arriving_rows(lw, a_id) -> int:
+def _arriving_rows(lw, a_id) -> list | None:
     """Rows per group of a left operand computed group by group (compiler/rewrite_rows.py: a
-    layernorm's result, joined from its groups), else 0: its rows arrive a group at a time, and
-    a block of that many rows can start as soon as its group is done."""
+    layernorm's result, joined from its groups; a value received over a link, attr `arrives`:
+    compiler/system_pp.py), else None: its rows arrive a group at a time, and a block of that
+    many rows can start as soon as its group is done."""
     g, plan = lw.g, lw.plan
     b = g.node(plan.base.get(a_id, a_id))
+    if b.op == "input" and b.attrs.get("arrives"):     # received over a link a group at a time
+        return [tuple(r) for r in b.attrs["arrives"]]
     if b.op != "concat" or plan.kind.get(b.id) != "joined" or b.attrs["axis"] not in (0, -2):
         return None
     parts = [g.node(i) for i in b.inputs]
@@ -171,6 +174,27 @@ def _tile_rows(lw, n, bgrid, zeros, trans, u, nt, kt, N, K):
     return bgrid[kt * lanes:kt * lanes + nrows, nt]
 
 
+def _departing_rows(lw, n, M) -> list | None:
+    """Row ranges of a product read only as row groups of a row-wise region (compiler/
+    rewrite_rows.py: the slices of a layernorm's input), in group order, else None: computed block
+    by block (every output chunk of a block before the next block), a group's rows are complete
+    while the later blocks are still in the MXM, and its layernorm runs meanwhile (whole columns
+    would finish every row only at the product's end)."""
+    g = lw.g
+    out = []
+    for u in g.users(n.id):
+        s = g.node(u)
+        ix = s.attrs.get("index") if s.op == "slice" else None
+        if ix is None or "rows" not in s.attrs or len(ix) != 2 or isinstance(ix[0], int) \
+                or tuple(ix[1]) != (0, n.shape[-1]):
+            return None
+        out.append(tuple(ix[0]))
+    out.sort()
+    if len(out) < 2 or out[0][0] != 0 or out[-1][1] != M or any(a[1] != b[0] for a, b in zip(out, out[1:])):
+        return None
+    return out
+
+
 def score_unit(lw, n) -> int:
     """The unit a decode step's score product (a transposed operand, few rows, one output chunk)
     runs on: _nearest_last_row of its operand's last row, as _matmul2d chooses it."""
@@ -188,6 +212,11 @@ def _jobs(lw, n, M, ktiles, nchunks, units, hold) -> list:
     if n.id in lw.plan.alone and M * ktiles * hold >= SPLIT_WORK * lw_cycles:
         rb = _row_block(M, nchunks, len(units), hold, lw_cycles, m.acc_rows)
     blocks = _arriving_rows(lw, n.inputs[0]) or [(m0, min(M, m0 + rb)) for m0 in range(0, M, rb)]
+    if len(blocks) == 1:      # (rows already in blocks keep them: bert_base's 128-row w2 and wo in
+        #                       two blocks of 64, as the groups, went 166,659 -> 167,876 as 63 + 65)
+        blocks = _departing_rows(lw, n, M) or blocks
+    cap = m.acc_rows              # a group of more rows than the accumulators in several blocks
+    blocks = [(a, min(r1, a + cap)) for r0, r1 in blocks for a in range(r0, r1, cap)]
     return [(nt, b) for b in blocks for nt in range(nchunks)]
 
 

@@ -34,6 +34,14 @@ FIRST = GROUP - 1  # rows of the first group (its layernorm done sooner, the nex
 #                    63: 174,095, 64: 176,930
 
 
+def row_bounds(rows: int) -> list[int]:
+    """Where the groups of a region of `rows` rows start, and `rows` (one group if fewer than
+    two groups' rows)."""
+    if rows < 2 * GROUP:
+        return [0, rows]
+    return [0] + list(range(FIRST, rows - GROUP // 2, GROUP)) + [rows]
+
+
 def _row_wise(n, rows: int) -> bool:
     if len(n.shape) != 2 or n.shape[0] != rows:
         return False
@@ -112,7 +120,7 @@ def _emit(g: IRGraph, new: IRGraph, region: set, m: dict):
     order = sorted(region)
     rows = g.node(order[0]).shape[0]
     parts: dict[int, list] = {nid: [] for nid in order}
-    bounds = [0] + list(range(FIRST, rows - GROUP // 2, GROUP)) + [rows]
+    bounds = row_bounds(rows)
     for gi, (r0, r1) in enumerate(zip(bounds, bounds[1:])):
         local: dict[int, int] = {}
 

@@ -4,11 +4,13 @@ several paths at once.
 A cut of a pipeline of one input happens while every chip but its two ends is idle, and a node's
 chips are fully connected: a long cut (at least RELAY_HOPS hop latencies on one link) is sent
 over the direct link and, through each other chip of the node (a *relay*), over two more links:
-its byte planes, in column-chunk order, go round robin over the paths (so the receiver's first K
-block is complete after a quarter of the transfer, as on one link). A relay receives its share
-into a buffer of its own (an input `@<node>^`, kind link) and sends each plane on as soon as it
-is written (RECV -> WRITE, READ -> SEND: the chains of compiler/links.py). bert_large on 4
-chips: 3,072 vectors a cut, 73.7k cycles on one link, about a third of that on three.
+its byte planes go round robin over the paths, column chunk by column chunk, or, when the sender
+makes the value a group of rows at a time (a layernorm's, compiler/rewrite_rows.py), group by
+group (the receiver's first matmul takes them as blocks of rows: attr `arrives` of its link
+input), each group column chunk by column chunk. A relay receives its share into a buffer of its
+own (an input `@<node>^`, kind link) and sends each plane on as soon as it is written (RECV ->
+WRITE, READ -> SEND: the chains of compiler/links.py). bert_large on 4 chips: 3,072 vectors a
+cut, 73.7k cycles on one link, about a third of that on three.
 
 Every transfer is placed by its chip's scheduler, so each chip needs the SEND cycles of the
 vectors it receives before it places their RECVs. A relay may be a chip compiled before the cut's
@@ -31,7 +33,7 @@ import numpy as np
 
 from lpu.compiler import partition as P
 from lpu.compiler.chains import Ctx
-from lpu.compiler.driver import compile_graph
+from lpu.compiler.driver import compile_graph, rewritten
 from lpu.compiler.links import persistent_layout, place_recvs, place_sends, planes_of
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import dtype_width
@@ -68,7 +70,11 @@ def plan(system, stages) -> tuple[list, list]:
         for nid, to in st.send:
             g = st.graph
             node = g.node(g.outputs[P.send_name(nid)])
-            planes = planes_of(node.shape, dtype_width(node.dtype), m.lanes)
+            bounds = _groups_sent(st.graph, P.send_name(nid), m)
+            planes = planes_of(node.shape, dtype_width(node.dtype), m.lanes, bounds)
+            if bounds:                   # the receiver's matmuls take it a group at a time
+                tg = stages[to].graph
+                tg.node(tg.decls[P.link_name(nid)]).attrs["arrives"] = tuple(zip(bounds, bounds[1:]))
             via = [r for r in range(system.chips) if r not in (s, to) and system.node_of(r) == system.node_of(s)
                    == system.node_of(to)] if to == s + 1 else []
             if len(planes) * system.slot_cycles < RELAY_HOPS * system.hop_cycles:
@@ -88,6 +94,22 @@ def plan(system, stages) -> tuple[list, list]:
                     rg.decls[P.relay_name(nid)] = rg.add("input", [], node.shape, node.dtype,
                                                          {"name": P.relay_name(nid)}, node.line, node.col)
     return hops, relays
+
+
+def _groups_sent(graph, name, m) -> list | None:
+    """Where the row groups of output `name` start, and its rows, when the stage makes it a group
+    of rows at a time (a layernorm's result joined from its groups: compiler/rewrite_rows.py),
+    else None."""
+    g = rewritten(graph, m)
+    n = g.node(g.outputs[name])
+    if n.op == "output":
+        n = g.node(n.inputs[0])
+    if n.op != "concat" or n.attrs["axis"] not in (0, -2) or len(n.shape) != 2:
+        return None
+    parts = [g.node(i) for i in n.inputs]
+    if not all("rows" in p.attrs for p in parts):
+        return None
+    return [0] + [int(x) for x in np.cumsum([p.shape[0] for p in parts])]
 
 
 class _Board:

@@ -387,3 +387,33 @@ def test_a_layernorm_runs_in_row_groups_and_the_matmul_starts_on_the_first(monke
     whole = compile_graph(g, m, repeat=False)
     assert rewrite_rows.row_groups(g) is g
     assert prog.predicted_cycles < whole.predicted_cycles
+
+
+# a product read only by a layernorm in row groups, and that layernorm's rows multiplied again
+BEFORE_NORM = """param S = 128
+param D = 640
+input x : f16[S, D]
+weight g : f32[D]
+weight b : f32[D]
+weight w : f16[D, D]
+weight w2 : f16[D, D]
+output y = f16(f16(layernorm(x + x @ w, g, b)) @ w2)
+"""
+
+
+def test_a_product_read_by_row_groups_is_computed_block_by_block(monkeypatch):
+    """x @ w read only by a layernorm's row groups (x + x @ w, sliced per group) is computed a
+    group of rows at a time, every output chunk of a group before the next (lower_mxm.
+    _departing_rows): the first group is normalized while the MXM makes the later ones, instead of
+    every row ending with the product. The same products, each weight tile loaded once per group, fewer cycles."""
+    from lpu.compiler import rewrite_rows
+    m = MachineConfig.load("tsp-v1")
+    prog, g, _, _ = run_checked(BEFORE_NORM, m, 5, "before_norm.lpu")
+    blocked = compile_graph(g, m, repeat=False)
+    monkeypatch.setattr(lower_mxm, "_departing_rows", lambda lw, n, M: None)
+    whole = compile_graph(g, m, repeat=False)
+    groups = len(rewrite_rows.row_bounds(128)) - 1
+    assert groups == 2
+    assert _count(blocked, "ABC") == _count(whole, "ABC")
+    assert _count(blocked, "LW") > _count(whole, "LW")
+    assert blocked.predicted_cycles == prog.predicted_cycles < whole.predicted_cycles

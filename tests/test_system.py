@@ -305,6 +305,21 @@ def test_a_long_cut_goes_over_every_path_of_the_node(small, monkeypatch):
     assert sp.predicted_cycles < one.predicted_cycles - 1500     # two cuts of 3,072 cycles on one link
 
 
+def test_a_cut_goes_group_of_rows_by_group():
+    """A cut's planes (compiler/links.planes_of): column chunk by column chunk, or with the row
+    groups of the sender's last layernorm, group by group (each column chunk by column chunk),
+    so that a group leaves as soon as it is made and the receiver multiplies it as a block."""
+    from lpu.compiler.links import planes_of
+    from lpu.compiler.rewrite_rows import GROUP, row_bounds
+    lanes = 16
+    assert planes_of((5, 2 * lanes), 1, lanes) == [(v, 0) for v in (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)]
+    assert planes_of((5, 2 * lanes), 2, lanes, [0, 2, 5]) == [
+        (v, b) for v in (0, 2, 1, 3, 4, 6, 8, 5, 7, 9) for b in (0, 1)]
+    assert row_bounds(2 * GROUP - 1) == [0, 2 * GROUP - 1]
+    assert row_bounds(6 * GROUP) == [0, GROUP - 1, 2 * GROUP - 1, 3 * GROUP - 1, 4 * GROUP - 1, 5 * GROUP - 1,
+                                     6 * GROUP]
+
+
 def test_verify_checks_every_chip_and_link(mlp2):
     from lpu.compiler.verify_links import verify_links
     g, sp = mlp2
