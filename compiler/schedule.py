@@ -30,22 +30,21 @@ from lpu.isa.opcodes import OPS, latency_table
 
 BATCH = 1 << 15     # instructions buffered before a batch is placed
 _NO = np.zeros(0, np.int64)
+_NO32 = np.zeros(0, np.int32)
 
 
 class Placed:
     """Placed instructions: cycle, queue, op, args, line, node per instruction, in chain
-    order, as the placed batches' arrays (no copy per batch; codegen.by_queue joins them)."""
-
-    COLS = (("cycle", np.int64), ("queue", np.int32), ("op", np.int32), ("args", np.int32),
-            ("line", np.int32), ("node", np.int32))
+    order, as the placed batches' arrays (no copy per batch; codegen.by_queue joins them):
+    cycle int64, queue, args, line and node int32, op the batch's own column."""
 
     def __init__(self):
         self.n = 0
         self.parts: list = []
 
-    def add(self, *values):
-        self.parts.append([np.asarray(v, dt) for v, (_, dt) in zip(values, self.COLS)])
-        self.n += len(values[0])
+    def add(self, cycle, queue, op, args, line, node):
+        self.parts.append([cycle, queue, op, args, line, node])
+        self.n += len(cycle)
 
     def take_parts(self) -> list:
         """The batches as placed ([cycle, queue, op, args, line, node] each); the Placed is
@@ -152,7 +151,7 @@ class Scheduler:
         qg_ptr, qg_q = self.reg.qgroup_arrays()
         n = a.n_ins
         out_cycle = np.zeros(n, np.int64)
-        out_queue = np.zeros(n, np.int64)
+        out_queue = np.zeros(n, np.int32)
         out_e = np.zeros(a.n_chains, np.int64)
         out_sid = np.zeros(len(a.g_dir), np.int64)
         seg = self.seg
@@ -165,7 +164,7 @@ class Scheduler:
             tw = seg.twin.batches[j] if j < len(seg.twin.batches) else None
             again = tw is not None and (j == 0 or SG.same_chains(a, tw[0]))
             seg.again = again
-        _, tw_e, tw_cycle, tw_queue, tw_sid = tw if again else (None,) + (_NO,) * 4
+        _, tw_e, tw_cycle, tw_queue, tw_sid = tw if again else (None, _NO, _NO, _NO32, _NO)
         n_again = a.n_chains if again else 0      # chains placed as the twin's (FAR: up to c)
         while c < a.n_chains:
             status, c, need = P.place(
@@ -194,7 +193,8 @@ class Scheduler:
             seg.batches.append((a, out_e, out_cycle, out_queue, out_sid))
         self.placed_again += n_again
         counts = np.diff(a.ins_ptr)
-        self.out.add(out_cycle, out_queue, a.op, a.args, np.repeat(a.line, counts), np.repeat(a.node, counts))
+        self.out.add(out_cycle, out_queue, a.op, a.args, np.repeat(a.line.astype(np.int32), counts),
+                     np.repeat(a.node.astype(np.int32), counts))
 
     def _grow(self, need: int):
         cap = max(2 * self.cap, need + 1024)
