@@ -12,7 +12,7 @@ import numpy as np
 from lpu.compiler.chains import ChainBuilder, sxm_rows
 from lpu.compiler.lower_common import gather_chain, sxm_vxm_chain, vxm_chain
 from lpu.isa import opcodes as O
-from lpu.isa.dtypes import DTYPE_CODE, dtype_width
+from lpu.isa.dtypes import DTYPE_CODE, DTYPE_WIDTH, dtype_width
 from lpu.isa.machine import EAST, WEST
 
 
@@ -225,7 +225,7 @@ def transpose_grid(lw, n, src, shape, dst, dtype):
                     gi = cb.read(slot, w, spos, 0)
                     cb.tpin(h, 0, (gi, dt), r, after=((("tpout", h), 1),), mark=((("tpin", h), 0),))
                     lw.chains.append(cb.chain())
-                for k in keys if not loop else [(x, p) for x in (0, 1) for p in range(4)]:
+                for k in keys if not loop else [(x, p) for x in (0, 1) for p in range(max(DTYPE_WIDTH))]:
                     c.tp_dirty[k] = max(stale, nr)       # (a loop's: any, its trips replayed)
                 for col in range(min(lanes, C - cbk * lanes)):
                     cb = ChainBuilder(c, n.line, n.id)

@@ -134,7 +134,7 @@ FOLD_SCALE = 0.125   # z adds 2 values a chunk, at most 4 chunks: |z| <= 8 * 655
 FOLD_ROWS = 32       # at least this many rows (a decode row would wait on the fold's trip to the SXM)
 
 
-def _foldable(g, x, xn, lanes) -> bool:
+def _foldable(x, xn, lanes) -> bool:
     """A lane sum of f16 rows of 4 to 8 half-lanes' passes, computed (not a view: every chunk
     zero past the row's end), of prefill rows: folded first (rewrite's `folded`)."""
     return lanes is not None and x.dtype == "f16" and len(x.shape) == 2 and x.shape[0] >= FOLD_ROWS \
@@ -306,12 +306,12 @@ def rewrite(g: IRGraph, lanes: int | None = None) -> IRGraph:
             wide = _splat_ok(g, n, lanes)
             shape = (n.shape[0], lanes) if wide else n.shape
             key = (x.shape[-1], shape[-1], sum_key[n.id])     # the k-th sum of each loop trip: one constant
-            if key not in ones_of and not (wide and _foldable(g, x, new.node(m[x.id]), lanes)):
-                ones_of[key] = add("const", (), (x.shape[-1], shape[-1]), "f16",
-                                   {"value": np.ones((x.shape[-1], shape[-1]), np.float16)}, n)
-            if wide and _foldable(g, x, new.node(m[x.id]), lanes):
+            if wide and _foldable(x, new.node(m[x.id]), lanes):
                 r = folded(m[x.id], x, sum_key[n.id], n)
             else:
+                if key not in ones_of:
+                    ones_of[key] = add("const", (), (x.shape[-1], shape[-1]), "f16",
+                                       {"value": np.ones((x.shape[-1], shape[-1]), np.float16)}, n)
                 r = add("matmul", (m[x.id], ones_of[key]), shape, "f32", {}, n)
             if n.op == "mean":
                 c = add("const", (), (), "f32", {"value": np.array(x.shape[-1], np.float32)}, n)

@@ -25,7 +25,7 @@ import numpy as np
 
 from lpu.compiler.ir import IRGraph
 from lpu.compiler import ops
-from lpu.compiler.rewrite import copied, rebuilding, rebuilt
+from lpu.compiler.rewrite import DROP, copied, rebuild, rebuilding, rebuilt
 
 CHAINS = 2           # accumulators split_joins sums the heads' products in (see there)
 DECODE_ROWS = 16     # a product of at most this many rows is a decode step's (lower_mxm.FEW_ROWS)
@@ -370,15 +370,10 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
         p, v = g.node(pv).inputs
         anchor = _anchor(g, p)
         after.setdefault(max(v, anchor), []).append((pv, anchor))
-    new = rebuilding(g)
-    m: dict[int, int] = {}
-    first: dict[int, int] = {}
-    for n in g.nodes():
-        first[n.id] = len(new)
-        if n.id in absorb:           # made after v_h; only its cast used it
-            continue
-        if n.id in casts:
-            continue
+
+    def node(new, n, m):
+        if n.id in absorb or n.id in casts:      # made after v_h; only its cast used it
+            return DROP
         if n.id not in todo:
             m[n.id] = copied(new, n, m)
             for pv, anchor in after.get(n.id, ()):     # f16(v_h @ W_h), lowered after the anchor
@@ -389,7 +384,7 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
                 vw = new.add("matmul", (m[v.id], wr), (v.shape[0], w.shape[1]), "f32", {"after": m[anchor]},
                              n.line, n.col)
                 m[cast] = new.add("cast", (vw,), (v.shape[0], w.shape[1]), "f16", {"to": "f16"}, n.line, n.col)
-            continue
+            return m[n.id]
         c, w = (g.node(i) for i in n.inputs)
         parts, off = [], 0
         run = -(-len(c.inputs) // CHAINS) if n.shape[0] > DECODE_ROWS else 1   # products per accumulator
@@ -410,8 +405,8 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
             odd = parts[-1:] if len(parts) % 2 else []
             parts = [new.add("add", (parts[j], parts[j + 1]), n.shape, n.dtype, {}, n.line, n.col)
                      for j in range(0, len(parts) - 1, 2)] + odd
-        m[n.id] = parts[0]
-    return rebuilt(g, new, m, first)
+        return parts[0]
+    return rebuild(g, node)
 
 
 def _anchor(g: IRGraph, nid) -> int:
