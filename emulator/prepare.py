@@ -67,7 +67,7 @@ class Prepared:
     nrows: int
     sym_rows: dict         # symbol name -> int64 [nvec, width] rows
     loaded_rows: np.ndarray   # rows that hold a value before cycle 0
-    unloaded_rows: np.ndarray  # the other rows (cleared before a run)
+    unloaded_rows: np.ndarray  # the other rows a GATHER/SCATTER reaches (cleared before a run: `indexed_reach`)
     tables: np.ndarray
     ring_size: int
     workspace: tuple | None = None   # the core's unit state, kept between runs (emulator/core.py)
@@ -145,6 +145,25 @@ def by_reference(s, uidx, base, lo, m, ring_size) -> np.ndarray:
     return reads[safe]
 
 
+def indexed_reach(s, uidx, base, lo, m, nrows) -> np.ndarray:
+    """bool[nrows]: the rows a GATHER or SCATTER can reach (its address + 0 .. INDEX_REACH - 1).
+    These are the only rows whose old bytes a run can see: a GATHER reads lanes without a
+    value check, a SCATTER writes some lanes of a row and marks it written; a READ of a row
+    without a value is a hazard (`valid`) and a WRITE writes the whole row. So these, and the
+    loaded tensors' rows, which run.load writes, are all a run has to clear."""
+    nb, na = m.banks_per_slice, m.addresses_per_bank
+    g = np.flatnonzero(np.isin(s.op, (O.GATHER, O.SCATTER)))
+    bank, addr = s.args[g, 0], s.args[g, 1]
+    ok = (bank >= 0) & (bank < nb) & (addr >= 0) & (addr < na)
+    g, bank, addr = g[ok], bank[ok], addr[ok]
+    pair = uidx[g] * nb + bank
+    start = base.ravel()[pair] + addr - lo.ravel()[pair]
+    edge = np.zeros(nrows + 1, np.int64)
+    np.add.at(edge, start, 1)
+    np.add.at(edge, start + np.minimum(addr + INDEX_REACH, na) - addr, -1)
+    return np.cumsum(edge[:nrows]) > 0
+
+
 def prepare(program: Program, schedule) -> Prepared:
     """The cached preparation of `program` (made on first use; `schedule` is run.schedule)."""
     key = (program.queue, program.op, program.args, program.tables, program.symbols, program.machine)
@@ -167,8 +186,8 @@ def prepare(program: Program, schedule) -> Prepared:
     while ring_size < 2 * (m.n_positions + max(m.latency.values()) + 1):
         ring_size *= 2
     loaded = np.concatenate(loaded) if loaded else np.zeros(0, np.int64)
-    free = np.ones(max(nrows, 1), bool)          # (a mask: setdiff1d hashes every row, seconds on a large chip)
-    free[loaded] = False
+    free = indexed_reach(s, uidx, base, lo, m, max(nrows, 1))  # (a mask: setdiff1d hashes every row, seconds on a
+    free[loaded] = False                                        # large chip)
     unloaded = np.flatnonzero(free).astype(np.int64)
     cop_i = cop[s.op]
     cop_i[by_reference(s, uidx, base, lo, m, ring_size)] = core.C_READ_REF

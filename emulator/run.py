@@ -188,14 +188,13 @@ def _store(mem: np.ndarray, rows: np.ndarray, sym: Symbol, arr: np.ndarray, m):
 
 def _fetch(mem: np.ndarray, rows: np.ndarray, sym: Symbol, m) -> np.ndarray:
     nrow, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
-    planes = np.empty((nrow, sym.width, cols), np.uint8)
-    sram_core.fetch(mem, rows, planes, chunks)
-    by = np.ascontiguousarray(planes.transpose(0, 2, 1))           # [rows, cols, width]
+    bits = np.empty((nrow, cols), f"u{sym.width}")
+    sram_core.fetch(mem, rows, bits, chunks)
     if sym.dtype == "bf16":
-        vals = (by.view("<u2")[..., 0].astype(np.uint32) << 16).view(np.float32)
+        vals = (bits.astype(np.uint32) << 16).view(np.float32)
     else:
-        vals = by.view(np.dtype(NP_DTYPE[sym.dtype]).newbyteorder("<"))[..., 0]
-    return vals.astype(NP_DTYPE[sym.dtype]).reshape(tuple(sym.shape))
+        vals = bits.view(np.dtype(NP_DTYPE[sym.dtype]))
+    return vals.astype(NP_DTYPE[sym.dtype], copy=False).reshape(tuple(sym.shape))
 
 
 def load(program: Program, values: dict, prep: Prepared | None = None) -> np.ndarray:

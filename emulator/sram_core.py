@@ -26,18 +26,25 @@ def store(mem, rows, vals, chunks, width):
 
 
 @njit(cache=True)
-def fetch(mem, rows, planes, chunks):
-    """The inverse of `store`: planes[r, b, c * lanes + l] = mem[rows[r * chunks + c, b], l]."""
+def fetch(mem, rows, vals, chunks):
+    """The inverse of `store`: vals[r, c * lanes + l] = the bytes mem[rows[r * chunks + c, b], l],
+    b = 0 .. width - 1, as one little-endian unsigned integer (vals [rows, cols] of width bytes:
+    the tensor's bits in place, no byte-plane temporary to transpose)."""
     lanes = mem.shape[1]
-    nrow, width, cols = planes.shape
+    nrow, cols = vals.shape
+    width = rows.shape[1]
     for r in range(nrow):
-        for b in range(width):
-            dst = planes[r, b]
-            for c in range(chunks):
-                n = min(lanes, cols - c * lanes)
-                src, run = mem[rows[r * chunks + c, b]], dst[c * lanes:c * lanes + n]
+        dst = vals[r]
+        for c in range(chunks):
+            n = min(lanes, cols - c * lanes)
+            run = dst[c * lanes:c * lanes + n]
+            src = mem[rows[r * chunks + c, 0]]
+            for l in range(n):
+                run[l] = src[l]
+            for b in range(1, width):
+                src = mem[rows[r * chunks + c, b]]
                 for l in range(n):
-                    run[l] = src[l]
+                    run[l] = run[l] | (np.uint32(src[l]) << np.uint32(8 * b))
 
 
 @njit(cache=True)

@@ -1,5 +1,7 @@
 """The emulator on hand-built programs (tiny machine): data movement, every unit, REPEAT, the
 cycle count, and every hazard kind with its cycle, queue and DSL line."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -257,6 +259,30 @@ def test_gather_and_scatter():
     np.testing.assert_array_equal(r.outputs["g"], tv[iv, np.arange(L)])
     dv[iv, np.arange(L)] = vv
     np.testing.assert_array_equal(r.states["dst"], dv)
+
+
+def test_scatter_sees_no_bytes_of_an_earlier_run():
+    """A SCATTER writes some lanes of a row: the others must read as on a fresh machine when the
+    prepared program runs again (prepare.indexed_reach: the rows a run clears)."""
+    b = ProgBuilder(M)
+    idx = b.tensor("idx", "input", "i8", (L,), [4])
+    vals = b.tensor("vals", "input", "i8", (L,), [3])
+    dst = b.tensor("dst", "output", "i8", (8, L), [7], bank=1)
+    k = 10
+    b.read_vec(idx, 0, EAST, 0, k)
+    b.read_vec(vals, 0, EAST, 2, k)
+    b.at(b.issue_for(k, EAST, M.slice_pos(7)), "mem7.0", "SCATTER", 1, 0, ref("i8", EAST, 0), ref("i8", EAST, 2))
+    prog = b.build()
+    lanes = np.arange(L)
+    first = {"idx": (lanes % 8).astype(np.int8), "vals": rand("i8", (L,))}
+    second = {"idx": ((lanes + 1) % 8).astype(np.int8), "vals": rand("i8", (L,))}
+    run(prog, first)
+    again = run(prog, second).outputs["dst"]
+    fresh = run(dataclasses.replace(prog, op=prog.op.copy()), second).outputs["dst"]
+    np.testing.assert_array_equal(again, fresh)
+    want = np.zeros((8, L), np.int8)
+    want[(lanes + 1) % 8, lanes] = second["vals"]
+    np.testing.assert_array_equal(fresh, want)
 
 
 # ---- MXM ---------------------------------------------------------------------------------------

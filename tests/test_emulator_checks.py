@@ -152,3 +152,20 @@ def test_f16_values_by_the_cpu_equal_the_table():
     out = np.zeros(1 << 16, np.float32)
     decode((bits & 0xFF).astype(np.uint8), (bits >> 8).astype(np.uint8), out)
     assert np.array_equal(out.view(np.uint32), F16_TO_F32.view(np.uint32))
+
+
+def test_i8_to_f16_bits_by_the_cpu_equal_numpy():
+    """arith.i8_to_f16_bits (LW's i8 -> f16 conversion) on every i8 value, as an int8 byte read
+    from a stream and as an int64, against numpy's float16."""
+    from numba import njit
+
+    @njit
+    def convert(v, out8, out64):
+        for i in range(v.shape[0]):
+            out8[i] = A.i8_to_f16_bits(np.int8(v[i]))
+            out64[i] = A.i8_to_f16_bits(np.int64(np.int8(v[i])))
+    v = np.arange(256, dtype=np.uint8)
+    out8, out64 = np.zeros(256, np.int64), np.zeros(256, np.int64)
+    convert(v, out8, out64)
+    want = v.view(np.int8).astype(np.float16).view(np.uint16).astype(np.int64)
+    assert np.array_equal(out8, want) and np.array_equal(out64, want)
