@@ -110,11 +110,12 @@ def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict 
         from lpu.compiler.reference import random_values
         values = random_values(graph, seed)
     else:
+        from lpu.compiler.reference import random_integers
         rng = np.random.default_rng(seed)
         values = {}
         for s in declared.values():
             if s.dtype in ("i8", "i32"):
-                values[s.name] = rng.integers(-8, 9, size=s.shape).astype(np.int8 if s.dtype == "i8" else np.int32)
+                values[s.name] = random_integers(rng, s.shape, np.int8 if s.dtype == "i8" else np.int32)
             else:
                 values[s.name] = (rng.standard_normal(s.shape) * 0.1).astype(np.float16 if s.dtype == "f16" else np.float32)
     for name, arr in given.items():
