@@ -119,30 +119,41 @@ def _matmul_fan_in(graph: IRGraph, nid: int) -> int | None:
 CHUNK = 1 << 20     # integers drawn this many at a time (the same values as one draw of the whole)
 
 
-def random_integers(rng, shape, dtype) -> np.ndarray:
+def into_array(out: dict | None, name: str, shape, dtype) -> np.ndarray | None:
+    """out[name] if it is an array of that shape and dtype (where the value is to be made)."""
+    a = (out or {}).get(name)
+    return a if a is not None and a.shape == tuple(shape) and a.dtype == np.dtype(dtype) else None
+
+
+def random_integers(rng, shape, dtype, out: np.ndarray | None = None) -> np.ndarray:
     """rng.integers(-8, 9, size=shape).astype(dtype), drawn CHUNK values at a time into the
-    result: the same values (numpy's bounded draw consumes the stream value by value), without
-    the int64 array of the whole (Llama-2-7B's i8 weights: an 8-fold larger temporary, whose
-    fresh pages cost more than the draw)."""
-    out = np.empty(shape, dtype)
+    result (`out` if given): the same values (numpy's bounded draw consumes the stream value by
+    value), without the int64 array of the whole (Llama-2-7B's i8 weights: an 8-fold larger
+    temporary, whose fresh pages cost more than the draw)."""
+    out = np.empty(shape, dtype) if out is None else out
     flat = out.reshape(-1)
     for i in range(0, flat.size, CHUNK):
         flat[i:i + CHUNK] = rng.integers(-8, 9, size=min(CHUNK, flat.size - i))
     return out
 
 
-def random_values(graph: IRGraph, seed: int = 0) -> dict[str, np.ndarray]:
+def random_values(graph: IRGraph, seed: int = 0, into: dict | None = None) -> dict[str, np.ndarray]:
     """Deterministic values for every declared input, weight and state. Floats are N(0, 1)
     scaled by 1/sqrt(K) for matmul right operands (K = fan-in) and by 0.1 for other weights,
-    so that deep programs stay well inside f16 range; integers are uniform in [-8, 8]."""
+    so that deep programs stay well inside f16 range; integers are uniform in [-8, 8]. A value
+    is made in `into[name]` where that is an array of its shape and dtype."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, nid in graph.decls.items():
         n = graph.node(nid)
+        at = into_array(into, name, n.shape, S.NP_DTYPE[n.dtype])
         if not S.is_float(n.dtype):
-            out[name] = random_integers(rng, n.shape, S.NP_DTYPE[n.dtype])
+            out[name] = random_integers(rng, n.shape, S.NP_DTYPE[n.dtype], at)
             continue
         k = _matmul_fan_in(graph, nid)
         scale = 1.0 / np.sqrt(k) if k else (0.1 if n.op == "weight" else 1.0)
         out[name] = S.convert(rng.standard_normal(n.shape) * scale, n.dtype)
+        if at is not None:
+            at[...] = out[name]
+            out[name] = at
     return out

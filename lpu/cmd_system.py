@@ -171,7 +171,7 @@ def cmd_compile(a, stats) -> int:
 
 def cmd_run(a, stats) -> int:
     from lpu import api
-    from lpu.emulator.system import run_system
+    from lpu.emulator import system
     for opt in ("plot", "report"):
         if getattr(a, opt, None):
             raise LpuError(f"--{opt} with several chips: not supported yet")
@@ -183,11 +183,21 @@ def cmd_run(a, stats) -> int:
         sp, graph = compile_for(a, stats)
     compile_s = time.perf_counter() - t0
     decl = declared(sp)
-    given = api.load_npz(a.inputs, None) if a.inputs else {}
-    values = api.inputs_for(graph, decl, a.seed, given, f"--inputs {a.inputs}")
     t0 = time.perf_counter()
-    with progress.stage(f"emulating {len(sp.chips)} chips, {sp.predicted_cycles:,} cycles"):
-        result = run_system(sp, values, workers=a.workers or 0, ray_address=a.ray, trace=bool(a.trace))
+    # --workers N: the workers start first and prepare their chips while the values are made
+    started = None if a.ray else system.start(sp, decl.symbols, a.workers or 0, bool(a.trace))
+    try:
+        given = api.load_npz(a.inputs, None) if a.inputs else {}
+        values = api.inputs_for(graph, decl, a.seed, given, f"--inputs {a.inputs}",
+                                started.arrays if started else None)
+        inputs_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with progress.stage(f"emulating {len(sp.chips)} chips, {sp.predicted_cycles:,} cycles"):
+            result = system.run_system(sp, values, workers=a.workers or 0, ray_address=a.ray, trace=bool(a.trace),
+                                       started=started)
+    finally:
+        if started:
+            started.close()
     wall = time.perf_counter() - t0
     m = sp.system.machine
     chips = []
@@ -202,6 +212,7 @@ def cmd_run(a, stats) -> int:
             "cycles": int(result.cycles), "predicted_cycles": int(sp.predicted_cycles),
             "time_us": result.cycles / m.clock_mhz, "instructions": sum(c["instructions"] for c in chips),
             "instructions_compiled": sp.n_instructions, "wall_s": round(wall, 4), "compile_s": round(compile_s, 4),
+            "inputs_s": round(inputs_s, 4),
             "params": dict(sp.params), "workers": a.workers or 0, "ray": a.ray, "windows": result.windows,
             "utilization": util, "per_chip": chips}
     if a.check:
