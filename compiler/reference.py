@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lpu.compiler import draw_core
 from lpu.compiler import semantics as S
 from lpu.compiler.ir import IRGraph, Node
 from lpu.compiler.ops import ELEMENTWISE, REDUCE
@@ -132,6 +133,9 @@ def random_integers(rng, shape, dtype, out: np.ndarray | None = None) -> np.ndar
     temporary, whose fresh pages cost more than the draw)."""
     out = np.empty(shape, dtype) if out is None else out
     flat = out.reshape(-1)
+    if draw_core.usable(rng.bit_generator, -8, 9):         # the same draws, jitted
+        draw_core.draw(rng.bit_generator, -8, 9, flat)
+        return out
     for i in range(0, flat.size, CHUNK):
         flat[i:i + CHUNK] = rng.integers(-8, 9, size=min(CHUNK, flat.size - i))
     return out
