@@ -119,7 +119,12 @@ def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict 
                 dt = np.int8 if s.dtype == "i8" else np.int32
                 values[s.name] = random_integers(rng, s.shape, dt, into_array(into, s.name, s.shape, dt))
             else:
-                values[s.name] = (rng.standard_normal(s.shape) * 0.1).astype(np.float16 if s.dtype == "f16" else np.float32)
+                dt = np.float16 if s.dtype == "f16" else np.float32
+                values[s.name] = (rng.standard_normal(s.shape) * 0.1).astype(dt)
+                at = into_array(into, s.name, s.shape, dt)
+                if at is not None:
+                    at[...] = values[s.name]
+                    values[s.name] = at
     for name, arr in given.items():
         sym = declared[name]
         arr = np.asarray(arr)
