@@ -1,7 +1,7 @@
 """Child process of the system benchmark (benchmarks/systems.py), so that each figure has its
 own peak resident memory: `compile PROG.lpu CHIPS OUT.lpubin [NAME=V ...] [--parallel=pp|tp|auto]` (default: the CLI's)
-compiles for a system and writes the bundle; `run OUT.lpubin WORKERS [check] [warm]` emulates it (warm: once before the
-timed run); `one PROG.lpu [NAME=V ...]` runs a program on one chip in the plain emulator.
+compiles for a system and writes the bundle; `run OUT.lpubin WORKERS [check] [warm]` makes its inputs and emulates it
+(timed together, since with workers they overlap; warm: once before the timed run); `one PROG.lpu [NAME=V ...]` runs a program on one chip in the plain emulator.
 Prints one JSON line (wall time, peak RSS = ru_maxrss, cycles, ...)."""
 from __future__ import annotations
 
@@ -47,16 +47,21 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"wall_s": time.perf_counter() - t0, "cycles": int(r.cycles),
                           "instructions": int(r.instructions), "peak_rss_bytes": _peak()}))
         return 0
+    from lpu.emulator.system import start
     workers, check = int(argv[2]), "check" in argv[3:]
     sp, graph = compile_for(SimpleNamespace(program=path, params=[], machine=None, chips=None), CompileStats())
-    values = api.inputs_for(graph if check else None, declared(sp), 0)
+    decl = declared(sp)
     if "warm" in argv[3:]:
-        run_system(sp, values, workers=workers)
-    t0 = time.perf_counter()
-    r = run_system(sp, values, workers=workers)
+        run_system(sp, api.inputs_for(graph if check else None, decl, 0), workers=workers)
+    t0 = time.perf_counter()                # as lpu run: workers start first, the values are made meanwhile
+    started = start(sp, decl.symbols, workers)
+    values = api.inputs_for(graph if check else None, decl, 0, into=started.arrays if started else None)
+    inputs = time.perf_counter() - t0
+    r = run_system(sp, values, workers=workers, started=started)
     wall = time.perf_counter() - t0
-    out = {"wall_s": wall, "peak_rss_bytes": _peak(), "cycles": int(r.cycles), "predicted_cycles": int(sp.predicted_cycles),
-           "instructions": int(sum(c.instructions for c in r.chips)), "windows": r.windows}
+    out = {"wall_s": wall, "inputs_s": inputs, "peak_rss_bytes": _peak(), "cycles": int(r.cycles),
+           "predicted_cycles": int(sp.predicted_cycles), "instructions": int(sum(c.instructions for c in r.chips)),
+           "windows": r.windows}
     if check:
         c = api.check(graph, sp.chips[0], values, r)
         out["check"] = {"ok": bool(c["ok"]), "max_abs_err": float(c["max_abs_err"]), "max_rel_err": float(c["max_rel_err"])}

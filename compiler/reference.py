@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lpu.compiler import draw_core
 from lpu.compiler import semantics as S
 from lpu.compiler.ir import IRGraph, Node
 from lpu.compiler.ops import ELEMENTWISE, REDUCE
@@ -116,28 +117,47 @@ def _matmul_fan_in(graph: IRGraph, nid: int) -> int | None:
     return None
 
 
-HUGE = 1 << 28      # elements: an integer tensor larger than this is drawn one slice of axis 0 at a time
+CHUNK = 1 << 20     # integers drawn this many at a time (the same values as one draw of the whole)
 
 
-def random_values(graph: IRGraph, seed: int = 0) -> dict[str, np.ndarray]:
+def into_array(out: dict | None, name: str, shape, dtype) -> np.ndarray | None:
+    """out[name] if it is an array of that shape and dtype (where the value is to be made)."""
+    a = (out or {}).get(name)
+    return a if a is not None and a.shape == tuple(shape) and a.dtype == np.dtype(dtype) else None
+
+
+def random_integers(rng, shape, dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """rng.integers(-8, 9, size=shape).astype(dtype), drawn CHUNK values at a time into the
+    result (`out` if given): the same values (numpy's bounded draw consumes the stream value by
+    value), without the int64 array of the whole (Llama-2-7B's i8 weights: an 8-fold larger
+    temporary, whose fresh pages cost more than the draw)."""
+    out = np.empty(shape, dtype) if out is None else out
+    flat = out.reshape(-1)
+    if draw_core.usable(rng.bit_generator, -8, 9):         # the same draws, jitted
+        draw_core.draw(rng.bit_generator, -8, 9, flat)
+        return out
+    for i in range(0, flat.size, CHUNK):
+        flat[i:i + CHUNK] = rng.integers(-8, 9, size=min(CHUNK, flat.size - i))
+    return out
+
+
+def random_values(graph: IRGraph, seed: int = 0, into: dict | None = None) -> dict[str, np.ndarray]:
     """Deterministic values for every declared input, weight and state. Floats are N(0, 1)
     scaled by 1/sqrt(K) for matmul right operands (K = fan-in) and by 0.1 for other weights,
-    so that deep programs stay well inside f16 range; integers are uniform in [-8, 8] (a tensor of
-    more than HUGE elements, Llama-2-7B's i8 weights, is drawn slice by slice of axis 0: not the
-    values one draw would give, but without an 11 GB int64 copy)."""
+    so that deep programs stay well inside f16 range; integers are uniform in [-8, 8]. A value
+    is made in `into[name]` where that is an array of its shape and dtype."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, nid in graph.decls.items():
         n = graph.node(nid)
+        at = into_array(into, name, n.shape, S.NP_DTYPE[n.dtype])
         if not S.is_float(n.dtype):
-            if n.size > HUGE and len(n.shape) > 1:      # slice by slice: no int64 copy of the whole
-                arr = out[name] = np.empty(n.shape, S.NP_DTYPE[n.dtype])
-                for i in range(n.shape[0]):
-                    arr[i] = rng.integers(-8, 9, size=n.shape[1:])
-            else:
-                out[name] = rng.integers(-8, 9, size=n.shape).astype(S.NP_DTYPE[n.dtype])
+            out[name] = random_integers(rng, n.shape, S.NP_DTYPE[n.dtype], at)
             continue
         k = _matmul_fan_in(graph, nid)
         scale = 1.0 / np.sqrt(k) if k else (0.1 if n.op == "weight" else 1.0)
         out[name] = S.convert(rng.standard_normal(n.shape) * scale, n.dtype)
+        if at is not None:
+            at[...] = out[name]
+            out[name] = at
     return out

@@ -27,12 +27,18 @@ H_LINK_EARLY, H_LINK_BUSY, H_LINK_UNREAD = "link-early", "link-busy", "link-unre
 
 
 class ChipRun:
-    def __init__(self, chip: int, program, values: dict, slot_cycles: int, bulk: bool = True, trace: bool = False):
+    def __init__(self, chip: int, program, values: dict | None, slot_cycles: int, bulk: bool = True,
+                 trace: bool = False):
+        """values None: the SRAM image is only allocated (`warm`), and `reload` loads it."""
         m = program.machine
         self.chip, self.program, self.slot, self.trace = chip, program, slot_cycles, trace
         self.prep = prep = prepare(program, R.schedule)
         self.s = s = prep.sched
-        self.mem = R.load(program, values, prep)
+        if values is None:
+            prep.mem = np.zeros((max(prep.nrows, 1), m.lanes), np.uint8) if prep.mem is None else prep.mem
+            self.mem = prep.mem
+        else:
+            self.mem = R.load(program, values, prep)
         self.valid = np.zeros(len(self.mem), np.uint8)
         self.valid[prep.loaded_rows] = 1
         for y in program.symbols:
@@ -71,14 +77,11 @@ class ChipRun:
     def advance(self, until: int) -> tuple:
         """Run up to the first RECV at or after cycle `until` (or the end); returns the vectors
         sent meanwhile: (links, cycles, payloads)."""
-        m, s, prep, hz = self.program.machine, self.s, self.prep, self.hz
+        prep, hz = self.prep, self.hz
         ctl, _, out_link, out_cycle, out_pay = self.links[:5]
         ctl[CL.L_UNTIL] = until
         while not self.done:
-            self.at = core.execute(self.at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency,
-                                   m.lanes, m.streams_per_direction, m.acc_rows, m.f16_pair_cycles,
-                                   m.addresses_per_bank, prep.bank_base, prep.bank_lo, self.mem, self.valid,
-                                   prep.tables, R.F16_TO_F32, prep.workspace, self.links, self.bulk, hz, self.counters)
+            self.at = self._execute(self.at)
             if hz[0] == core.H_FLUSH:
                 R._bulk(prep.workspace, int(hz[3]))
                 hz[:] = 0
@@ -94,6 +97,24 @@ class ChipRun:
         n = int(ctl[CL.L_OUT])
         ctl[CL.L_OUT] = 0
         return out_link[:n].copy(), out_cycle[:n].copy(), out_pay[:n].copy() if n else out_pay[:0]
+
+    def _execute(self, at: int) -> int:
+        m, s, prep = self.program.machine, self.s, self.prep
+        return core.execute(at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency, m.lanes,
+                            m.streams_per_direction, m.acc_rows, m.f16_pair_cycles, m.addresses_per_bank,
+                            prep.bank_base, prep.bank_lo, self.mem, self.valid, prep.tables, R.F16_TO_F32,
+                            prep.workspace, self.links, self.bulk, self.hz, self.counters)
+
+    def warm(self) -> None:
+        """Before the values arrive (emulator/system.py `start`): every page of the SRAM image
+        touched (a fresh page is costly) and the jitted core loaded (called at the program's end,
+        it executes nothing)."""
+        self.mem.fill(0)
+        self._execute(len(self.s.cycle))
+
+    def reload(self, values: dict) -> None:
+        """The SRAM image loaded again from `values`, before the first instruction."""
+        self.mem = R.load(self.program, values, self.prep)
 
     def _link_hazard(self):
         i, link, x = int(self.hz[1]), int(self.hz[3]), int(self.hz[4])

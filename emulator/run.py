@@ -180,9 +180,14 @@ def _to_bits(dtype: str, arr: np.ndarray) -> np.ndarray:
 
 
 def _store(mem: np.ndarray, rows: np.ndarray, sym: Symbol, arr: np.ndarray, m):
+    """A tensor's bits into its rows. A strided part of a tensor (a tensor-parallel rank's
+    columns) is read in place, not copied first: only bf16 converts."""
     nrow, chunks, cols = vector_grid(tuple(sym.shape), m.lanes)
-    by = _to_bits(sym.dtype, arr.reshape(nrow, cols))               # [rows, cols, width] bytes
-    bits = by.view(np.dtype(f"u{sym.width}").newbyteorder("<")).reshape(nrow, cols)
+    uint = np.dtype(f"u{sym.width}").newbyteorder("<")
+    if sym.dtype == "bf16":
+        bits = _to_bits(sym.dtype, arr.reshape(nrow, cols)).view(uint).reshape(nrow, cols)
+    else:
+        bits = arr.reshape(nrow, cols).astype(np.dtype(NP_DTYPE[sym.dtype]).newbyteorder("<"), copy=False).view(uint)
     sram_core.store(mem, rows, bits.astype(f"u{sym.width}", copy=False), chunks, sym.width)
 
 

@@ -13,6 +13,7 @@ processes (multiprocessing), or on Ray actors (emulator/cluster.py, the `cluster
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import multiprocessing as mp
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ import numpy as np
 from lpu.emulator import cluster
 from lpu.emulator.c2c import H_LINK_UNREAD, ChipRun
 from lpu.emulator.run import HazardError
+from lpu.isa.dtypes import NP_DTYPE
 from lpu.isa.errors import LpuError
 from lpu.isa.program import send_cycles
 
@@ -143,9 +145,14 @@ class Group:
         return self.results
 
 
-def _worker(conn, items, slot_cycles, trace):
+def _worker(conn, items, slot_cycles, trace, shared=None):
     try:
-        g = Group(items, slot_cycles, trace)
+        if shared is not None:             # started ahead (`start`): items hold each chip's rows, not its values
+            g = _ahead(conn, items, slot_cycles, trace, shared)
+            if g is None:
+                return
+        else:
+            g = Group(items, slot_cycles, trace)
         conn.send(("ok", None))
         while True:
             msg = conn.recv()
@@ -162,14 +169,36 @@ def _worker(conn, items, slot_cycles, trace):
         conn.send(("crash", repr(e)))
 
 
+def _ahead(conn, items, slot_cycles, trace, shared):
+    """A worker started before the values exist makes its Group meanwhile (chips prepared, SRAM
+    images allocated and their pages touched, the jitted core loaded: ChipRun.warm) and loads
+    the images when the values arrive. A group of KEEP_BELOW instructions or more, which starts
+    its chips when they receive, only waits. None: the parent gave up."""
+    ahead = sum(len(p.op) for _, p, _ in items) < KEEP_BELOW
+    if ahead:
+        g = Group([(c, p, None) for c, p, _ in items], slot_cycles, trace)
+        for r in g.runs.values():
+            r.warm()
+    msg = conn.recv()
+    if msg[0] != "values":
+        return None
+    values = {**shared, **msg[1]}
+    items = [(c, p, chip_values(p, values, rows)) for c, p, rows in items]
+    if not ahead:
+        return Group(items, slot_cycles, trace)
+    for c, _, v in items:
+        g.runs[c].reload(v)
+    return g
+
+
 class ProcessGroup:
     """Some chips of a system, run in a local worker process."""
 
-    def __init__(self, items, slot_cycles: int, ctx, trace: bool = False):
+    def __init__(self, items, slot_cycles: int, ctx, trace: bool = False, shared=None):
         self.conn, child = ctx.Pipe()
         if ctx.get_start_method() != "fork":       # pickled: without the parent's prepared state
             items = [(c, dataclasses.replace(p), v) for c, p, v in items]
-        self.proc = ctx.Process(target=_worker, args=(child, items, slot_cycles, trace), daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, items, slot_cycles, trace, shared), daemon=True)
         self.proc.start()
 
     def ready(self):
@@ -204,13 +233,73 @@ class ProcessGroup:
             self.proc.join()
 
 
+def shared_arrays(symbols) -> dict:
+    """name -> a zeroed array of each symbol's dtype and shape, all in one anonymous shared
+    mapping: what this process writes there after forking, its children read."""
+    shapes = [(s.name, np.dtype(NP_DTYPE[s.dtype]), tuple(s.shape)) for s in symbols]
+    sizes = [-(-int(np.prod(shape, dtype=np.int64)) * dt.itemsize // 64) * 64 for _, dt, shape in shapes]
+    buf, out, at = mmap.mmap(-1, max(sum(sizes), 1)), {}, 0
+    for (name, dt, shape), size in zip(shapes, sizes):
+        out[name] = np.frombuffer(buf, dt, int(np.prod(shape, dtype=np.int64)), at).reshape(shape)
+        at += size
+    return out
+
+
+class Started:
+    """Local workers started before the values exist (`start`): `arrays` are where the values
+    go (shared with the workers); `run_system(..., started=)` hands them over."""
+
+    def __init__(self, sp, symbols, workers: int, trace: bool):
+        self.arrays = shared_arrays(symbols)
+        ctx, n = mp.get_context("fork"), min(workers, len(sp.chips))
+        items = [(c, p, _rows_of(sp, c)) for c, p in enumerate(sp.chips)]
+        self.groups = []
+        try:
+            for g in range(n):
+                self.groups.append(ProcessGroup(items[g::n], sp.system.slot_cycles, ctx, trace, self.arrays))
+        except BaseException:
+            self.close()
+            raise
+
+    def give(self, values: dict) -> list:
+        """Hand every worker the values (those not written into `arrays` go by pipe)."""
+        extra = {k: v for k, v in values.items() if v is not self.arrays.get(k)}
+        for g in self.groups:
+            try:
+                g.conn.send(("values", extra))
+            except OSError:                 # it has failed: ready() reads why
+                pass
+        for g in self.groups:
+            g.ready()
+        return self.groups
+
+    def close(self) -> None:
+        for g in self.groups:
+            g.close()
+
+
+def start(sp, symbols, workers: int, trace: bool = False) -> Started | None:
+    """With `workers` > 1 local processes (and fork), start them now, before the values exist
+    (`symbols`: every input, weight and state, whole): each prepares its chips while this
+    process makes the values into the returned `Started.arrays`. None: nothing to start."""
+    if workers < 2 or len(sp.chips) < 2 or "fork" not in mp.get_all_start_methods():
+        return None
+    return Started(sp, symbols, workers, trace)
+
+
 def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = None,
-               trace: bool = False) -> SystemResult:
+               trace: bool = False, started: Started | None = None) -> SystemResult:
     """Run the SystemProgram `sp` on `values` (every input, weight and state, by name); workers:
     0 = every chip in this process, N = groups of chips in N local processes, or with
     `ray_address` N Ray actors (emulator/cluster.py; 'local' starts Ray on this machine). With
-    `trace`, every chip's RunResult keeps its trace (emulator/system_trace.py)."""
+    `trace`, every chip's RunResult keeps its trace (emulator/system_trace.py). `started`: the
+    workers `start` made (closed here)."""
     system = sp.system
+    if started is not None:
+        try:
+            return _drive(sp, started.give(values), values, parallel=True)
+        finally:
+            started.close()
     items = [(c, p, chip_values(p, values, _rows_of(sp, c))) for c, p in enumerate(sp.chips)]
     if ray_address or (workers and workers > 1 and len(items) > 1):
         n = max(1, min(workers or len(items), len(items)))

@@ -95,9 +95,10 @@ def graph_of_binary(prog: Program) -> IRGraph | None:
 
 
 def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict | None = None,
-               source: str = "--inputs") -> dict:
-    """Values for every input, weight and state: the given ones, the rest from `seed`.
-    `source` names where `given` came from, in error messages."""
+               source: str = "--inputs", into: dict | None = None) -> dict:
+    """Values for every input, weight and state: the given ones, the rest from `seed` (made in
+    `into[name]` where that is an array of the value's shape and dtype: emulator/system.py
+    `start`). `source` names where `given` came from, in error messages."""
     given = dict(given or {})
     declared = {s.name: s for s in prog.symbols if s.kind in ("input", "weight", "state")}
     unknown = sorted(set(given) - set(declared))
@@ -108,15 +109,22 @@ def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict 
                        f"(it declares {', '.join(sorted(declared)) or 'nothing'})" + (f"; {hint}" if hint else ""))
     if graph is not None:
         from lpu.compiler.reference import random_values
-        values = random_values(graph, seed)
+        values = random_values(graph, seed, into)
     else:
+        from lpu.compiler.reference import into_array, random_integers
         rng = np.random.default_rng(seed)
         values = {}
         for s in declared.values():
             if s.dtype in ("i8", "i32"):
-                values[s.name] = rng.integers(-8, 9, size=s.shape).astype(np.int8 if s.dtype == "i8" else np.int32)
+                dt = np.int8 if s.dtype == "i8" else np.int32
+                values[s.name] = random_integers(rng, s.shape, dt, into_array(into, s.name, s.shape, dt))
             else:
-                values[s.name] = (rng.standard_normal(s.shape) * 0.1).astype(np.float16 if s.dtype == "f16" else np.float32)
+                dt = np.float16 if s.dtype == "f16" else np.float32
+                values[s.name] = (rng.standard_normal(s.shape) * 0.1).astype(dt)
+                at = into_array(into, s.name, s.shape, dt)
+                if at is not None:
+                    at[...] = values[s.name]
+                    values[s.name] = at
     for name, arr in given.items():
         sym = declared[name]
         arr = np.asarray(arr)

@@ -54,8 +54,10 @@ def fits_hint(e: CapacityError) -> CapacityError:
     return CapacityError(e.message + "; compile it for several chips with --chips N or --chips auto", **e.info)
 
 
-def compile_for(a, stats):
-    """(SystemProgram, graph or None) of a.program: a .lpu compiled for --chips, or a bundle."""
+def compile_for(a, stats, compiled=None):
+    """(SystemProgram, graph or None) of a.program: a .lpu compiled for --chips, or a bundle;
+    `compiled(sp)` is called as soon as the SystemProgram exists (a bundle's graph is made
+    after it)."""
     from lpu.compiler.system import SystemProgram, compile_auto, compile_system
     from lpu.isa.system import SystemConfig
     from lpu.api import machine_of
@@ -78,6 +80,8 @@ def compile_for(a, stats):
                            f"{differ[0]}={bparams.get(differ[0])}; recompile the program with the new values")
         tp = any(v and isinstance(v[0], tuple) for r in rows for v in r.values())
         sp = SystemProgram(system, progs, outputs, bparams, rows, "tp" if tp else "pp")
+        if compiled:
+            compiled(sp)
         return sp, _graph_of_bundle(sp)
     if not os.path.isfile(path):
         raise LpuError(f"{path}: no such file")
@@ -92,6 +96,8 @@ def compile_for(a, stats):
     else:
         sp = compile_system(graph, replace(system, chips=chips), stats, parallel)
     stats.pass_seconds.setdefault("system", time.perf_counter() - t0)
+    if compiled:
+        compiled(sp)
     return sp, graph
 
 
@@ -171,7 +177,7 @@ def cmd_compile(a, stats) -> int:
 
 def cmd_run(a, stats) -> int:
     from lpu import api
-    from lpu.emulator.system import run_system
+    from lpu.emulator import system
     for opt in ("plot", "report"):
         if getattr(a, opt, None):
             raise LpuError(f"--{opt} with several chips: not supported yet")
@@ -179,15 +185,30 @@ def cmd_run(a, stats) -> int:
         raise LpuError("--cycles needs --trace FILE.json (it is the window of cycles the trace keeps)")
     progress = Progress.for_args(a)
     t0 = time.perf_counter()
-    with progress.stage(f"compiling {a.program}", lambda: compile_detail(stats)):
-        sp, graph = compile_for(a, stats)
-    compile_s = time.perf_counter() - t0
-    decl = declared(sp)
-    given = api.load_npz(a.inputs, None) if a.inputs else {}
-    values = api.inputs_for(graph, decl, a.seed, given, f"--inputs {a.inputs}")
-    t0 = time.perf_counter()
-    with progress.stage(f"emulating {len(sp.chips)} chips, {sp.predicted_cycles:,} cycles"):
-        result = run_system(sp, values, workers=a.workers or 0, ray_address=a.ray, trace=bool(a.trace))
+    workers = []     # --workers N: started as soon as the chips' programs exist, they prepare the chips
+                     # while the graph and the values are made (system.start)
+
+    def start(sp):
+        w = None if a.ray else system.start(sp, declared(sp).symbols, a.workers or 0, bool(a.trace))
+        workers.extend([w] if w else [])
+    try:
+        with progress.stage(f"compiling {a.program}", lambda: compile_detail(stats)):
+            sp, graph = compile_for(a, stats, start)
+        compile_s = time.perf_counter() - t0
+        decl = declared(sp)
+        t0 = time.perf_counter()
+        started = workers[0] if workers else None
+        given = api.load_npz(a.inputs, None) if a.inputs else {}
+        values = api.inputs_for(graph, decl, a.seed, given, f"--inputs {a.inputs}",
+                                started.arrays if started else None)
+        inputs_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with progress.stage(f"emulating {len(sp.chips)} chips, {sp.predicted_cycles:,} cycles"):
+            result = system.run_system(sp, values, workers=a.workers or 0, ray_address=a.ray, trace=bool(a.trace),
+                                       started=started)
+    finally:
+        for w in workers:
+            w.close()
     wall = time.perf_counter() - t0
     m = sp.system.machine
     chips = []
@@ -202,6 +223,7 @@ def cmd_run(a, stats) -> int:
             "cycles": int(result.cycles), "predicted_cycles": int(sp.predicted_cycles),
             "time_us": result.cycles / m.clock_mhz, "instructions": sum(c["instructions"] for c in chips),
             "instructions_compiled": sp.n_instructions, "wall_s": round(wall, 4), "compile_s": round(compile_s, 4),
+            "inputs_s": round(inputs_s, 4),
             "params": dict(sp.params), "workers": a.workers or 0, "ray": a.ray, "windows": result.windows,
             "utilization": util, "per_chip": chips}
     if a.check:

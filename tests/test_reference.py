@@ -226,3 +226,17 @@ def test_big_programs_run(name):
     g = elaborate_file(PROGRAMS / f"{name}.lpu")
     outs, _ = run_reference(g, random_values(g, 0))
     assert all(np.isfinite(y.astype(np.float64)).all() for y in outs.values())
+
+
+def test_integer_draws_equal_numpys():
+    """compiler/draw_core.py: the jitted bounded draws are numpy's own (the same values, the same
+    state after them), in chunks, with a half of a 64-bit output kept, and with rejections (a
+    range near 2**32 rejects about one draw in three)."""
+    from lpu.compiler import draw_core
+    for lo, hi, sizes in ((-8, 9, (1, 2, 7, draw_core.CHUNK + 3, 0, 5)), (0, 3_000_000_000, (5, 6, 70_001))):
+        a, b = np.random.default_rng(11), np.random.default_rng(11)
+        for n in sizes:
+            out = np.empty(n, np.int64)
+            draw_core.draw(b.bit_generator, lo, hi, out)
+            assert np.array_equal(out, a.integers(lo, hi, size=n))
+            assert np.array_equal(a.standard_normal(3), b.standard_normal(3)) and a.integers(0, 5) == b.integers(0, 5)

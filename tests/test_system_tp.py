@@ -78,6 +78,26 @@ def test_workers_give_the_same_result(llama4):
     assert all(np.array_equal(one.states[k], two.states[k]) for k in one.states)
 
 
+def test_workers_started_before_the_values(llama4):
+    """lpu run --workers: the workers start (and prepare) while the values are made in the shared
+    arrays; a value made elsewhere (given) goes by pipe. The same result as one process."""
+    from lpu.cmd_system import declared
+    from lpu.emulator.system import start
+    g, sp = llama4
+    started = start(sp, declared(sp).symbols, 2)
+    assert started is not None and len(started.groups) == 2
+    vals = api.inputs_for(g, declared(sp), 5, into=started.arrays)
+    assert vals["wq"] is started.arrays["wq"] and vals["kc"] is started.arrays["kc"]
+    vals["x"] = vals["x"] + np.float16(0.5)              # not in the shared arrays: sent
+    two = run_system(sp, vals, started=started)
+    one = run_system(sp, {k: np.array(v) for k, v in vals.items()})
+    assert [c.cycles for c in one.chips] == [c.cycles for c in two.chips] == [p.predicted_cycles for p in sp.chips]
+    assert all(np.array_equal(one.outputs[k], two.outputs[k]) for k in one.outputs)
+    assert all(np.array_equal(one.states[k], two.states[k]) for k in one.states)
+    assert one.windows == two.windows
+    assert api.check(g, sp.chips[0], vals, two)["ok"]
+
+
 def test_a_receive_moved_before_its_arrival_is_a_hazard(llama4):
     g, sp = llama4
     p = sp.chips[1]
@@ -123,6 +143,8 @@ def test_cli_bundle_round_trip(tmp_path, capsys):
     assert main(["compile", *args, "--chips", "2", "--parallel", "tp", "-o", out]) == 0
     assert "2 chips (tp)" in capsys.readouterr().out
     assert main(["run", out, "--check"]) == 0
+    assert "check: ok" in capsys.readouterr().out
+    assert main(["run", out, "--check", "--workers", "2"]) == 0     # workers started before the inputs
     assert "check: ok" in capsys.readouterr().out
     assert main(["verify", out]) == 0
 
