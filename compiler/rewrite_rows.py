@@ -32,14 +32,35 @@ FIRST = GROUP - 1  # rows of the first group (its layernorm done sooner, the nex
 #                    60: 44,382, 61: 44,609, 62: 44,246, 63: 44,180, 64: 44,900, 72: 45,030 (a
 #                    ragged landscape: placement is greedy); 12 layers: 60: 175,260, 62: 174,440,
 #                    63: 174,095, 64: 176,930
+FIRST_WIDE = 62   # rows of the first group of a region whose result is the left operand of a
+FIRST_READ = 64   # product at least WIDE times as wide (bert_base's first layernorm, read by w1's
+#                   3,072 columns), and of a region read by another product (its second, read by
+#                   qkv): tuned on bert_base's 12 layers, a ragged landscape (placement is greedy).
+#                   First/second layernorm's first group, 12 layers: 63/63 164,327, 56/63 164,069,
+#                   62/63 163,748, 56/64 163,854, 58/64 164,806, 60/64 164,873, 61/64 164,806,
+#                   62/64 163,646, 63/64 165,192, 56/65 168,595, 62/62 165,613 (every second
+#                   layernorm, the last's too, which no product reads: FIRST there gives 163,630,
+#                   L=1 14,628, L=2 27,990, L=3 41,554; 63/63 was 14,586, 28,157, 41,774)
+WIDE = 4
 
 
-def row_bounds(rows: int) -> list[int]:
+def row_bounds(rows: int, first: int = FIRST) -> list[int]:
     """Where the groups of a region of `rows` rows start, and `rows` (one group if fewer than
     two groups' rows)."""
     if rows < 2 * GROUP:
         return [0, rows]
-    return [0] + list(range(FIRST, rows - GROUP // 2, GROUP)) + [rows]
+    return [0] + list(range(first, rows - GROUP // 2, GROUP)) + [rows]
+
+
+def _first(g: IRGraph, region: set) -> int:
+    """FIRST_WIDE if a node of the region is the left operand of a product outside it at least
+    WIDE times as wide as the node, FIRST_READ if of another product, else FIRST (a pipeline
+    cut's groups: links.planes_of)."""
+    widths = [g.node(u).shape[-1] / g.node(nid).shape[-1] for nid in region for u in g.users(nid)
+              if u not in region and g.node(u).op == "matmul" and g.node(u).inputs[0] == nid]
+    if not widths:
+        return FIRST
+    return FIRST_WIDE if max(widths) >= WIDE else FIRST_READ
 
 
 def _row_wise(n, rows: int) -> bool:
@@ -120,7 +141,7 @@ def _emit(g: IRGraph, new: IRGraph, region: set, m: dict):
     order = sorted(region)
     rows = g.node(order[0]).shape[0]
     parts: dict[int, list] = {nid: [] for nid in order}
-    bounds = row_bounds(rows)
+    bounds = row_bounds(rows, _first(g, region))
     for gi, (r0, r1) in enumerate(zip(bounds, bounds[1:])):
         local: dict[int, int] = {}
 

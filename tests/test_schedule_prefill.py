@@ -308,6 +308,21 @@ def test_layernorm_mean_of_wide_f32_rows_is_a_splat_of_rotations(machine):
     run_checked(src, m, 5, "ln.lpu")      # predicted == emulated, within the reference's tolerance
 
 
+@pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
+def test_one_pass_variance_of_wide_f32_rows_is_a_splat_too(machine):
+    """As one pass (mean(x * x) - mu * mu), the variance's mean of squares rotates like the mean:
+    var, + eps and rsqrt are splats, and no DISTRIBUTE spreads the rsqrt over the lanes."""
+    from lpu.compiler.driver import rewritten
+    m = MachineConfig.load(machine)
+    src = LN_F32.format(S=6, D=2 * m.lanes + m.lanes // 3)
+    g = rewritten(elaborate_source(src, "ln.lpu", {}), m)
+    means = [n for n in g.nodes() if n.op == "mean"]
+    assert len(means) == 2 and all(n.attrs.get("splat") and n.shape == (6, m.lanes) for n in means)
+    assert [n.shape for n in g.nodes() if n.op == "rsqrt"] == [(6, m.lanes)]
+    prog, _, _, _ = run_checked(src, m, 5, "ln.lpu")
+    assert int(np.sum(prog.op == O.DISTRIBUTE)) == 0
+
+
 LN_F16 = """param S = {S}
 param D = {D}
 input x : f16[S, D]
