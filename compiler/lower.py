@@ -139,6 +139,14 @@ class Lowerer:
         w = self._weights_of(n) if n.op != "slice" else None     # (not a lane move's copy: see there)
         if w is not None:
             return output_side(self, w)
+        # a transpose of one block, through the SXM of its source's side (movement.transpose_grid),
+        # to that side's slices: first fit spread a softmax's p over both sides, and the rows for
+        # the near plane pair went up to 89 hops away and came back (attention_prefill 1,342 ->
+        # 1,279, llama_block_prefill 6,187 -> 6,179; of several blocks: tiny's 28,804 -> 28,939)
+        if n.op == "transpose" and n.inputs[0] in self.grid and max(n.shape[-2:]) <= self.lanes:
+            sides = {self.ctx.sxm_near(int(x)) for x in np.asarray(self.grid[n.inputs[0]]).reshape(-1)}
+            if len(sides) == 1:
+                return sides.pop()
         us = self.g.users(n.id)
         if len(us) != 1 or self.g.node(us[0]).op != "transpose" or self.plan.kind[us[0]] != "temp":
             return None
