@@ -268,7 +268,8 @@ def test_a_fused_vector_whose_operands_clash_copies_one_and_stays_one_chain(monk
 def test_a_lone_reduction_across_vectors_keeps_its_partials_next_to_the_vxm(monkeypatch):
     """attention_prefill's packed softmax: the max's and the sum's block partials lie in the
     slices nearest the VXM, half of them west and half east (consecutive slots had put all
-    32 planes on one side, up to 44 hops away): fewer cycles, results within tolerance."""
+    32 planes on one side, up to 44 hops away), and so do their results (lower.new_region:
+    first fit had put the max 16 hops away): fewer cycles, results within tolerance."""
     import os
     from lpu.compiler import lower_reduce
     m = MachineConfig.load("tsp-v1")
@@ -281,7 +282,14 @@ def test_a_lone_reduction_across_vectors_keeps_its_partials_next_to_the_vxm(monk
     hops = [abs(m.slice_pos(int(s) % m.mem_slices) - m.vxm_pos) for grid, _ in grids for s in grid.reshape(-1)]
     west = [int(s) % m.mem_slices < m.mem_slices_per_hemisphere for grid, _ in grids for s in grid.reshape(-1)]
     assert len(grids) == 2 and max(hops) <= 16 and sum(west) * 2 == len(west)
-    monkeypatch.setattr(lower_reduce, "_peers_across", lambda *a: 2)
+    from lpu.emulator.run import schedule
+    s = schedule(prog)
+    for name in ("max", "sum"):          # the result: the reduction's last write
+        writes = [(int(s.cycle[i]), m.queues[int(s.queue[i])][-1]) for i in range(len(s.cycle))
+                  if prog.nodes[int(prog.node[int(s.src[i])])][0] == name and s.op[i] == O.WRITE]
+        last = max(c for c, _ in writes)
+        assert max(abs(p - m.vxm_pos) for c, p in writes if c >= last - 3) <= 4, name
+    monkeypatch.setattr(lower_reduce, "peers_across", lambda *a: 2)
     assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
 
 
