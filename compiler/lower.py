@@ -14,7 +14,7 @@ from lpu.compiler.alloc import SlotAllocator, grid_shape, layout, period_stride
 from lpu.compiler.chains import Ctx
 from lpu.compiler.chainspec import Registry
 from lpu.compiler.ir import IRGraph
-from lpu.compiler import lower_reduce
+from lpu.compiler import lower_reduce, ops
 from lpu.compiler.lower_mxm import output_side, score_unit
 from lpu.compiler.plan import make_plan
 from lpu.compiler.replay import Replayer, periodic_leaves
@@ -36,6 +36,7 @@ ZERO_COPIES = 4      # all-zero vectors (Lowerer.zero_vectors): a transposed ins
 #                      READ a cycle (llama_block_prefill's score products: 256 zero rows a head).
 #                      Measured: 1 -> 6,557, 2 -> 6,376, 4 (and 8, 16) -> 6,343 cycles
 NEAR_SHARE = 0.5
+NEAR_SLICES = 20     # slices a side that near_region uses
 NEAR_MARGIN = 4
 SCRATCH_LAG = 4      # depths a decode lane reduction's scratch is held (Lowerer.free_scratch;
 #                      measured: 1 to 4 and holding it to the end within noise of each other)
@@ -205,6 +206,37 @@ class Lowerer:
         j = np.arange(nvec, dtype=np.int64)
         self.regions[owner] = self.placed[owner] = (start, size)
         return (base + (j // per_row) * ns + h * half + (j % per_row) * w).reshape(g)
+
+    def _vxm_to_vxm(self, n) -> bool:
+        """n is made on the VXM and read only by VXM ops, one of them a lone reduction across
+        vectors (a packed softmax's masked scores and exponentials): `near_region`. First fit
+        spread them over every slice, the farthest 46 hops away, and each trip to SRAM and back
+        cost up to 92 cycles. Measured (NEAR_SLICES 8, 12, 16, 20, 24, 32, 44): attention_prefill
+        1,234 -> 1,326, 1,417, 1,191, 1,177, 1,189, 1,203, 1,242; gpt2_block_prefill 3,570 ->
+        3,669, 3,622, 3,503, 3,495, 3,507, 3,536, 3,566 (few slices: their banks crowd)."""
+        if self.near_vxm is not None or self.in_loop(n) or n.op not in ops.ELEMENTWISE:
+            return False
+        us = [self.g.node(u) for u in self.g.users(n.id)]
+        vxm = all(u.op in ops.ELEMENTWISE or self._reduced_across(u.id) for u in us)
+        return vxm and any(self._reduced_across(u.id) for u in us)
+
+    def near_region(self, shape, dtype, owner, what):
+        """A region whose vectors lie in the NEAR_SLICES slices nearest the VXM on each side,
+        alternating west and east (whole rows of slots taken, the others left unused)."""
+        w = dtype_width(dtype)
+        ns, half = self.m.mem_slices, self.m.mem_slices_per_hemisphere
+        k = min(NEAR_SLICES, half) // w * w
+        g = grid_shape(shape, self.lanes)
+        nvec = int(np.prod(g))
+        per_row = 2 * (k // w)
+        size = (-(-nvec // per_row) + 1) * ns
+        start = self.alloc.alloc(size, what)
+        base = -(-start // ns) * ns
+        j = np.arange(nvec, dtype=np.int64)
+        col = (j % per_row) // 2 * w
+        off = np.where(j % 2 == 0, half - k + col, half + col)
+        self.regions[owner] = self.placed[owner] = (start, size)
+        return (base + (j // per_row) * ns + off).reshape(g)
 
     def _near_cost(self, owner):
         """Hops by slice that a decode step's temporary is placed near: the VXM's, but for a
@@ -395,7 +427,9 @@ class Lowerer:
                     if not self.replayer.replay(n, aliased):
                         rec = self.replayer.begin(n)
                         side = None if aliased else self.side_of(n)
-                        if side is not None:
+                        if not aliased and side is None and self._vxm_to_vxm(n):
+                            self.grid[n.id] = self.near_region(n.shape, n.dtype, n.id, f"'{n.op}' at line {n.line}")
+                        elif side is not None:
                             self.grid[n.id] = self.side_region(n.shape, n.dtype, side, n.id, f"'{n.op}' at line {n.line}")
                         else:
                             self.grid[n.id] = self.new_region(n.shape, n.dtype, f"'{n.op}' at line {n.line}",

@@ -425,3 +425,28 @@ def test_a_product_read_by_row_groups_is_computed_block_by_block(monkeypatch):
     assert _count(blocked, "ABC") == _count(whole, "ABC")
     assert _count(blocked, "LW") > _count(whole, "LW")
     assert blocked.predicted_cycles == prog.predicted_cycles < whole.predicted_cycles
+
+
+def test_a_packed_softmax_keeps_its_rows_next_to_the_vxm(monkeypatch):
+    """attention_prefill's masked scores and exponentials, made on the VXM and read only there
+    (by the reductions over the keys and the elementwise ops), lie in the NEAR_SLICES slices
+    nearest the VXM on each side, alternating (lower.near_region; first fit spread them up to
+    46 hops away): fewer cycles, results within tolerance."""
+    import os
+    from lpu.compiler import lower
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
+        src = f.read()
+    made = []
+    near = lower.Lowerer.near_region
+    monkeypatch.setattr(lower.Lowerer, "near_region", lambda self, *a: made.append((a[3], near(self, *a))) or made[-1][1])
+    prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
+    assert sorted(what.split("'")[1] for what, _ in made) == ["exp", "where"]
+    for _, grid in made:
+        planes = (grid.reshape(-1)[:, None] + np.arange(4)[None, :]) % m.mem_slices
+        hops = np.abs(np.vectorize(m.slice_pos)(planes) - m.vxm_pos)
+        west = planes < m.mem_slices_per_hemisphere
+        assert hops.max() <= lower.NEAR_SLICES + 1 and 2 * west.sum() == west.size
+        assert np.all(west.all(axis=1) | ~west.any(axis=1))          # no vector across the VXM
+    monkeypatch.setattr(lower.Lowerer, "_vxm_to_vxm", lambda *a: False)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
