@@ -220,6 +220,11 @@ class Lowerer:
         vxm = all(u.op in ops.ELEMENTWISE or self._reduced_across(u.id) for u in us)
         return vxm and any(self._reduced_across(u.id) for u in us)
 
+    def _vxm_output(self, n) -> bool:
+        """n, an output's value, is made on the VXM: `near_region` (its last writes are the
+        program's end)."""
+        return self.near_vxm is None and not self.in_loop(n) and n.op in ops.ELEMENTWISE
+
     def near_region(self, shape, dtype, owner, what):
         """A region whose vectors lie in the NEAR_SLICES slices nearest the VXM on each side,
         alternating west and east (whole rows of slots taken, the others left unused)."""
@@ -235,7 +240,8 @@ class Lowerer:
         j = np.arange(nvec, dtype=np.int64)
         col = (j % per_row) // 2 * w
         off = np.where(j % 2 == 0, half - k + col, half + col)
-        self.regions[owner] = self.placed[owner] = (start, size)
+        if owner is not None:         # (an output's region is never freed)
+            self.regions[owner] = self.placed[owner] = (start, size)
         return (base + (j // per_row) * ns + off).reshape(g)
 
     def _near_cost(self, owner):
@@ -427,8 +433,9 @@ class Lowerer:
                     if not self.replayer.replay(n, aliased):
                         rec = self.replayer.begin(n)
                         side = None if aliased else self.side_of(n)
-                        if not aliased and side is None and self._vxm_to_vxm(n):
-                            self.grid[n.id] = self.near_region(n.shape, n.dtype, n.id, f"'{n.op}' at line {n.line}")
+                        if side is None and (self._vxm_output(n) if aliased else self._vxm_to_vxm(n)):
+                            self.grid[n.id] = self.near_region(n.shape, n.dtype, None if aliased else n.id,
+                                                               f"'{n.op}' at line {n.line}")
                         elif side is not None:
                             self.grid[n.id] = self.side_region(n.shape, n.dtype, side, n.id, f"'{n.op}' at line {n.line}")
                         else:
