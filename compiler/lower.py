@@ -37,6 +37,8 @@ ZERO_COPIES = 4      # all-zero vectors (Lowerer.zero_vectors): a transposed ins
 #                      Measured: 1 -> 6,557, 2 -> 6,376, 4 (and 8, 16) -> 6,343 cycles
 NEAR_SHARE = 0.5
 NEAR_SLICES = 20     # slices a side that near_region uses
+EDGE_SLICES = 16     # slices at an edge that a weight installed whole lies in (_edge_weights)
+EDGE_SHARE = 0.125   # of the SRAM those weights may take so laid
 NEAR_MARGIN = 4
 SCRATCH_LAG = 4      # depths a decode lane reduction's scratch is held (Lowerer.free_scratch;
 #                      measured: 1 to 4 and holding it to the end within noise of each other)
@@ -98,6 +100,7 @@ class Lowerer:
         self.near_side = [[d + (far if machine.slice_hemisphere(s) != h else 0) for s, d in enumerate(self.near_vxm)]
                           for h in range(2)] if decode else None
         self._edge_cost: dict = {}
+        self.weight_side: dict = {}              # product -> the hemisphere of its weights (_edge_weights)
         self.sxm_rows = [0, 0]                   # decode heads' row reductions on each SXM (lower_reduce)
 
     # ---- storage -----------------------------------------------------------------------------
@@ -227,19 +230,28 @@ class Lowerer:
 
     def near_region(self, shape, dtype, owner, what):
         """A region whose vectors lie in the NEAR_SLICES slices nearest the VXM on each side,
-        alternating west and east (whole rows of slots taken, the others left unused)."""
+        alternating west and east (`window_region`)."""
+        half = self.m.mem_slices_per_hemisphere
+        k = min(NEAR_SLICES, half)
+        return self.window_region(shape, dtype, ((half - k, k), (half, k)), owner, what)
+
+    def window_region(self, shape, dtype, windows, owner, what):
+        """A region whose vectors lie in the given windows of slices ((first slice, count) each,
+        none across the hemispheres' boundary), vector j in window j % len(windows): whole rows
+        of slots taken, the slots outside the windows left unused."""
         w = dtype_width(dtype)
-        ns, half = self.m.mem_slices, self.m.mem_slices_per_hemisphere
-        k = min(NEAR_SLICES, half) // w * w
+        ns = self.m.mem_slices
         g = grid_shape(shape, self.lanes)
         nvec = int(np.prod(g))
-        per_row = 2 * (k // w)
+        per_win = [cnt // w for _, cnt in windows]
+        nw = len(windows)
+        per_row = min(per_win) * nw
         size = (-(-nvec // per_row) + 1) * ns
         start = self.alloc.alloc(size, what)
         base = -(-start // ns) * ns
         j = np.arange(nvec, dtype=np.int64)
-        col = (j % per_row) // 2 * w
-        off = np.where(j % 2 == 0, half - k + col, half + col)
+        first = np.asarray([f for f, _ in windows], np.int64)
+        off = first[j % nw] + (j % per_row) // nw * w
         if owner is not None:         # (an output's region is never freed)
             self.regions[owner] = self.placed[owner] = (start, size)
         return (base + (j // per_row) * ns + off).reshape(g)
@@ -341,16 +353,50 @@ class Lowerer:
                 f"needed, {self.m.sram_bytes:,} bytes of SRAM on '{self.m.name}'; it would need {chips} chips "
                 f"(largest tensors: {names})",
                 bytes_needed=total, bytes_available=self.m.sram_bytes, chips_needed=chips)
+        edge = self._edge_weights(persistent)
         for n in persistent:
             name = n.attrs.get("name", f"const{n.id}")
-            grid = self.new_region(n.shape, n.dtype, f"'{name}'", chunk_major=n.op == "weight",
-                                   period=period if n.id in periodic else 0)
+            if n.id in edge:
+                grid = self.window_region(n.shape, n.dtype, (edge[n.id],), None, f"'{name}'")
+            else:
+                grid = self.new_region(n.shape, n.dtype, f"'{name}'", chunk_major=n.op == "weight",
+                                       period=period if n.id in periodic else 0)
             self.grid[n.id] = grid
             data = None
             kind = n.op
             if n.op == "const":
                 data = np.asarray(n.attrs["value"]).astype(L.NP_DTYPE[n.dtype]).reshape(n.shape)
             self.symbol(name, kind, n.dtype, n.shape, grid, data)
+
+    def _edge_weights(self, persistent) -> dict:
+        """Weights that one product of a declared tensor installs whole, one tile (its right
+        operand, at most lanes x lanes: one job, on one plane pair; not in a decode step): the
+        program's first installs, on its critical path from cycle 0. When all of them fit in EDGE_SHARE of the SRAM so laid: weight id -> the window of the
+        EDGE_SLICES slices at one edge of the chip, west and east by turns, and the product runs
+        on that edge's plane pair (lower_mxm: `weight_side`). First fit spread a weight over every
+        slice, and its install took the farthest slice's distance (attention_prefill: wq and wk
+        installed at cycle 94)."""
+        if self.near_vxm is not None:
+            return {}
+        m = self.m
+        half, ns = m.mem_slices_per_hemisphere, m.mem_slices
+        k = min(EDGE_SLICES, half)
+        out, turn, size = {}, 0, 0
+        for n in persistent:
+            us = self.g.users(n.id)
+            if n.op != "weight" or len(us) != 1 or self.g.node(us[0]).op != "matmul" or len(n.shape) != 2 or \
+                    max(n.shape) > self.lanes or list(self.g.node(us[0]).inputs[1:]) != [n.id] or self.in_loop(n) or \
+                    self.g.node(self.g.node(us[0]).inputs[0]).op not in ("input", "weight", "state"):
+                continue
+            w = dtype_width(n.dtype)
+            size += (-(-int(np.prod(grid_shape(n.shape, self.lanes))) // (k // w)) + 1) * ns
+            out[n.id] = (0, k) if turn == 0 else (ns - k, k)
+            self.weight_side[us[0]] = turn
+            turn ^= 1
+        if size * self.lanes > m.sram_bytes * EDGE_SHARE:
+            self.weight_side.clear()
+            return {}
+        return out
 
     def zero_vector(self) -> int:
         """Base slot of a persistent all-zero vector (4 planes: any dtype reads its first w)."""

@@ -468,3 +468,50 @@ def test_an_output_made_on_the_vxm_lies_next_to_it(monkeypatch):
                        for s in out)
     monkeypatch.setattr(lower.Lowerer, "_vxm_output", lambda *a: False)
     assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
+
+
+def test_a_first_products_weights_lie_at_its_edge(monkeypatch):
+    """attention_prefill's wq, wk and wv (one tile each, multiplied with the input x) lie in the
+    EDGE_SLICES slices at one edge of the chip, west and east by turns, and each product runs
+    on that edge's plane pair (first fit spread them over every slice: the first installs at
+    cycle 94); wo (sliced by heads) does not: fewer cycles, results within tolerance."""
+    import os
+    from lpu.compiler import lower
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
+        src = f.read()
+    prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
+    sides = []
+    for name in ("wq", "wk", "wv"):
+        sl = prog.symbol(name).slices
+        west, east = sl < lower.EDGE_SLICES, sl >= m.mem_slices - lower.EDGE_SLICES
+        assert west.all() or east.all(), name
+        sides.append(int(east.all()))
+    assert sides == [0, 1, 0] and prog.symbol("wo").slices.max() >= lower.EDGE_SLICES
+    lines = {n.attrs["name"]: [u.line for u in g.nodes() if u.op == "matmul" and n.id in u.inputs][0]
+             for n in g.nodes() if n.op == "weight" and n.attrs["name"] in ("wq", "wk", "wv")}
+    for name, side in zip(("wq", "wk", "wv"), sides):    # its product's installs on that side's pair
+        units = {m.queues[int(prog.queue[i])][0] for i in range(len(prog.op))
+                 if prog.op[i] == O.IW and prog.line[i] == lines[name]}
+        assert units == {f"mxm{2 * side}"}, (name, units)
+    monkeypatch.setattr(lower, "EDGE_SHARE", 0.0)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
+
+
+def test_a_where_whose_constant_condition_clashes_stages_the_constant(monkeypatch):
+    """A `where` whose condition (a constant, the causal mask) lies on a bank of its operand's
+    row copies the condition (no dependency: any time before) and stays one chain; it had gone
+    through three chains and two temporaries after the row was made (stragglers that held up
+    the softmax's max): fewer cycles on attention_prefill, results within tolerance."""
+    import os
+    from lpu.compiler import lower_ops
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
+        src = f.read()
+    done = []
+    real = lower_ops._where_staged
+    monkeypatch.setattr(lower_ops, "_where_staged", lambda *a: done.append(real(*a)) or done[-1])
+    prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
+    assert any(done) and all(done)
+    monkeypatch.setattr(lower_ops, "_where_staged", lambda *a: False)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
