@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import lower_ops as L
+from lpu.compiler import placement
 from lpu.compiler.alloc import SlotAllocator, grid_shape, layout, period_stride
 from lpu.compiler.chains import Ctx
 from lpu.compiler.chainspec import Registry
 from lpu.compiler.ir import IRGraph
-from lpu.compiler import lower_reduce, ops
-from lpu.compiler.lower_mxm import output_side, score_unit
+from lpu.compiler.lower_mxm import score_unit
 from lpu.compiler.plan import make_plan
 from lpu.compiler.replay import Replayer, periodic_leaves
 from lpu.isa.errors import CapacityError, UnsupportedError
@@ -36,9 +36,6 @@ ZERO_COPIES = 4      # all-zero vectors (Lowerer.zero_vectors): a transposed ins
 #                      READ a cycle (llama_block_prefill's score products: 256 zero rows a head).
 #                      Measured: 1 -> 6,557, 2 -> 6,376, 4 (and 8, 16) -> 6,343 cycles
 NEAR_SHARE = 0.5
-NEAR_SLICES = 20     # slices a side that near_region uses
-EDGE_SLICES = 16     # slices at an edge that a weight installed whole lies in (_edge_weights)
-EDGE_SHARE = 0.125   # of the SRAM those weights may take so laid
 NEAR_MARGIN = 4
 SCRATCH_LAG = 4      # depths a decode lane reduction's scratch is held (Lowerer.free_scratch;
 #                      measured: 1 to 4 and holding it to the end within noise of each other)
@@ -100,7 +97,7 @@ class Lowerer:
         self.near_side = [[d + (far if machine.slice_hemisphere(s) != h else 0) for s, d in enumerate(self.near_vxm)]
                           for h in range(2)] if decode else None
         self._edge_cost: dict = {}
-        self.weight_side: dict = {}              # product -> the hemisphere of its weights (_edge_weights)
+        self.weight_side: dict = {}              # product -> the hemisphere of its weights (placement.edge_weights)
         self.sxm_rows = [0, 0]                   # decode heads' row reductions on each SXM (lower_reduce)
 
     # ---- storage -----------------------------------------------------------------------------
@@ -117,7 +114,7 @@ class Lowerer:
             start = twin[0]          # where the twin trip's node was: the trips converge sooner
         elif owner is not None and self.near_vxm and n <= self.m.mem_slices * NEAR_SHARE:
             start = self.alloc.alloc_near(n, self._near_cost(owner), NEAR_MARGIN, what)
-        elif owner is not None and self._reduced_across(owner) and n <= self.m.mem_slices * NEAR_SHARE:
+        elif owner is not None and placement.reduced_across(self, owner) and n <= self.m.mem_slices * NEAR_SHARE:
             hops = [abs(self.m.slice_pos(s) - self.m.vxm_pos) for s in range(self.m.mem_slices)]
             start = self.alloc.alloc_near(n, hops, 0, what)
         else:
@@ -127,134 +124,9 @@ class Lowerer:
             self.placed[owner] = (start, n)
         return layout(start, shape, w, self.lanes, chunk_major, period)
 
-    def side_of(self, n):
-        """The hemisphere whose slices n's region lies on (`side_region`), else None (anywhere):
-        the side of the unit that makes it (a product's plane pair: lower_mxm.output_side) or
-        takes it (a transpose through the SXM buffers, which then takes the SXM of its source's
-        side: movement.transpose_grid). A vector between the VXM and a unit at the chip's edge
-        then travels the VXM's distance to that unit through SRAM, where slices on the far
-        side made it up to three times that (the last vector of each pass came that much later).
-        Measured (tsp-v1, with the accumulated heads of rewrite_pack): attention_prefill
-        1,635 -> 1,445, matmul 384 -> 321, gpt2_block_prefill 3,995 -> 3,676,
-        llama_block_prefill 6,343 -> 6,239, bert_base L=1 14,901 -> 14,803. Not in decode steps
-        (their temporaries lie near the VXM), nor in the trips of a loop of several (a trip
-        replays its twin, compiler/replay.py; measured there: gpt2_small_prefill L=3 46,716 ->
-        46,903, L=12 182,368 -> 183,115, though bert_base L=12 166,659 -> 165,946)."""
-        if self.near_vxm is not None or self.in_loop(n):
-            return None
-        if n.op == "matmul":
-            return output_side(self, n)
-        w = self._weights_of(n) if n.op != "slice" else None     # (not a lane move's copy: see there)
-        if w is not None:
-            return output_side(self, w)
-        # a transpose of one block, through the SXM of its source's side (movement.transpose_grid),
-        # to that side's slices: first fit spread a softmax's p over both sides, and the rows for
-        # the near plane pair went up to 89 hops away and came back (attention_prefill 1,342 ->
-        # 1,279, llama_block_prefill 6,187 -> 6,179; of several blocks: tiny's 28,804 -> 28,939)
-        if n.op == "transpose" and n.inputs[0] in self.grid and max(n.shape[-2:]) <= self.lanes:
-            sides = {self.ctx.sxm_near(int(x)) for x in np.asarray(self.grid[n.inputs[0]]).reshape(-1)}
-            if len(sides) == 1:
-                return sides.pop()
-        us = self.g.users(n.id)
-        if len(us) != 1 or self.g.node(us[0]).op != "transpose" or self.plan.kind[us[0]] != "temp":
-            return None
-        return self.ctx.next_sxm()
-
-    def _weights_of(self, n):
-        """The product that installs n as its weights (n its only user's right operand, through
-        reshapes and transposes), else None: its rows travel from the VXM to that product's
-        plane pair through SRAM, as a product's output rows do the other way. Measured (the
-        packed heads' masked queries, a softmax's p installed for p @ v): attention_prefill
-        1,442 -> 1,342 (a masked query row on the far side's slot 0 had been the install's last,
-        90 hops from its pair), gpt2_block_prefill 3,676 -> 3,615, llama_block_prefill 6,196 ->
-        6,187; slices' copies too made llama_block_prefill 6,286 and bert_base L=1 14,836."""
-        x = n
-        while True:
-            us = self.g.users(x.id)
-            if len(us) != 1:
-                return None
-            u = self.g.node(us[0])
-            if u.op == "matmul":
-                return u if len(u.inputs) == 2 and u.inputs[1] == x.id and u.inputs[0] != x.id else None
-            if u.op not in ("reshape", "transpose") or self.plan.kind[u.id] not in ("view", "mxm_t"):
-                return None
-            x = u
-
-    def _reduced_across(self, nid) -> bool:
-        """A reduction across vectors (a packed softmax's max or sum over its keys): its few
-        vectors are made on the VXM and read there by every row of its users, so they lie in
-        the slices nearest it (alone at its depth, as its partials: lower_reduce._partials).
-        Measured: attention_prefill 1,279 -> 1,234 (first fit had put the max 16 hops away: 32
-        cycles from its last op to the first read of it), gpt2_block_prefill 3,613 -> 3,570;
-        with a margin of 4 hops, or with peers: llama_block_prefill 6,179 -> 6,235 or 6,181."""
-        n = self.g.node(nid)
-        return n.op in ("max", "sum", "mean") and len(n.shape) > 1 and \
-            n.attrs["axis"] % len(n.shape) != len(n.shape) - 1 and lower_reduce.peers_across(self, n) == 1
-
     def in_loop(self, n) -> bool:
         """n is in a trip of a loop of several (whose trips replay their twins: replay.py)."""
         return any(s <= n.id < e for trips in self.g.loops if len(trips) > 1 for s, e in trips)
-
-    def side_region(self, shape, dtype, h, owner, what):
-        """A region whose vectors all lie on hemisphere h's slices (whole rows of slots taken,
-        the other side's slots of those rows left unused)."""
-        w = dtype_width(dtype)
-        ns, half = self.m.mem_slices, self.m.mem_slices_per_hemisphere
-        g = grid_shape(shape, self.lanes)
-        nvec = int(np.prod(g))
-        per_row = half // w
-        size = (-(-nvec // per_row) + 1) * ns
-        start = self.alloc.alloc(size, what)
-        base = -(-start // ns) * ns
-        j = np.arange(nvec, dtype=np.int64)
-        self.regions[owner] = self.placed[owner] = (start, size)
-        return (base + (j // per_row) * ns + h * half + (j % per_row) * w).reshape(g)
-
-    def _vxm_to_vxm(self, n) -> bool:
-        """n is made on the VXM and read only by VXM ops, one of them a lone reduction across
-        vectors (a packed softmax's masked scores and exponentials): `near_region`. First fit
-        spread them over every slice, the farthest 46 hops away, and each trip to SRAM and back
-        cost up to 92 cycles. Measured (NEAR_SLICES 8, 12, 16, 20, 24, 32, 44): attention_prefill
-        1,234 -> 1,326, 1,417, 1,191, 1,177, 1,189, 1,203, 1,242; gpt2_block_prefill 3,570 ->
-        3,669, 3,622, 3,503, 3,495, 3,507, 3,536, 3,566 (few slices: their banks crowd)."""
-        if self.near_vxm is not None or self.in_loop(n) or n.op not in ops.ELEMENTWISE:
-            return False
-        us = [self.g.node(u) for u in self.g.users(n.id)]
-        vxm = all(u.op in ops.ELEMENTWISE or self._reduced_across(u.id) for u in us)
-        return vxm and any(self._reduced_across(u.id) for u in us)
-
-    def _vxm_output(self, n) -> bool:
-        """n, an output's value, is made on the VXM: `near_region` (its last writes are the
-        program's end)."""
-        return self.near_vxm is None and not self.in_loop(n) and n.op in ops.ELEMENTWISE
-
-    def near_region(self, shape, dtype, owner, what):
-        """A region whose vectors lie in the NEAR_SLICES slices nearest the VXM on each side,
-        alternating west and east (`window_region`)."""
-        half = self.m.mem_slices_per_hemisphere
-        k = min(NEAR_SLICES, half)
-        return self.window_region(shape, dtype, ((half - k, k), (half, k)), owner, what)
-
-    def window_region(self, shape, dtype, windows, owner, what):
-        """A region whose vectors lie in the given windows of slices ((first slice, count) each,
-        none across the hemispheres' boundary), vector j in window j % len(windows): whole rows
-        of slots taken, the slots outside the windows left unused."""
-        w = dtype_width(dtype)
-        ns = self.m.mem_slices
-        g = grid_shape(shape, self.lanes)
-        nvec = int(np.prod(g))
-        per_win = [cnt // w for _, cnt in windows]
-        nw = len(windows)
-        per_row = min(per_win) * nw
-        size = (-(-nvec // per_row) + 1) * ns
-        start = self.alloc.alloc(size, what)
-        base = -(-start // ns) * ns
-        j = np.arange(nvec, dtype=np.int64)
-        first = np.asarray([f for f, _ in windows], np.int64)
-        off = first[j % nw] + (j % per_row) // nw * w
-        if owner is not None:         # (an output's region is never freed)
-            self.regions[owner] = self.placed[owner] = (start, size)
-        return (base + (j // per_row) * ns + off).reshape(g)
 
     def _near_cost(self, owner):
         """Hops by slice that a decode step's temporary is placed near: the VXM's, but for a
@@ -353,11 +225,11 @@ class Lowerer:
                 f"needed, {self.m.sram_bytes:,} bytes of SRAM on '{self.m.name}'; it would need {chips} chips "
                 f"(largest tensors: {names})",
                 bytes_needed=total, bytes_available=self.m.sram_bytes, chips_needed=chips)
-        edge = self._edge_weights(persistent)
+        edge = placement.edge_weights(self, persistent)
         for n in persistent:
             name = n.attrs.get("name", f"const{n.id}")
             if n.id in edge:
-                grid = self.window_region(n.shape, n.dtype, (edge[n.id],), None, f"'{name}'")
+                grid = placement.window_region(self, n.shape, n.dtype, (edge[n.id],), None, f"'{name}'")
             else:
                 grid = self.new_region(n.shape, n.dtype, f"'{name}'", chunk_major=n.op == "weight",
                                        period=period if n.id in periodic else 0)
@@ -367,36 +239,6 @@ class Lowerer:
             if n.op == "const":
                 data = np.asarray(n.attrs["value"]).astype(L.NP_DTYPE[n.dtype]).reshape(n.shape)
             self.symbol(name, kind, n.dtype, n.shape, grid, data)
-
-    def _edge_weights(self, persistent) -> dict:
-        """Weights that one product of a declared tensor installs whole, one tile (its right
-        operand, at most lanes x lanes: one job, on one plane pair; not in a decode step): the
-        program's first installs, on its critical path from cycle 0. When all of them fit in EDGE_SHARE of the SRAM so laid: weight id -> the window of the
-        EDGE_SLICES slices at one edge of the chip, west and east by turns, and the product runs
-        on that edge's plane pair (lower_mxm: `weight_side`). First fit spread a weight over every
-        slice, and its install took the farthest slice's distance (attention_prefill: wq and wk
-        installed at cycle 94)."""
-        if self.near_vxm is not None:
-            return {}
-        m = self.m
-        half, ns = m.mem_slices_per_hemisphere, m.mem_slices
-        k = min(EDGE_SLICES, half)
-        out, turn, size = {}, 0, 0
-        for n in persistent:
-            us = self.g.users(n.id)
-            if n.op != "weight" or len(us) != 1 or self.g.node(us[0]).op != "matmul" or len(n.shape) != 2 or \
-                    max(n.shape) > self.lanes or list(self.g.node(us[0]).inputs[1:]) != [n.id] or self.in_loop(n) or \
-                    self.g.node(self.g.node(us[0]).inputs[0]).op not in ("input", "weight", "state"):
-                continue
-            w = dtype_width(n.dtype)
-            size += (-(-int(np.prod(grid_shape(n.shape, self.lanes))) // (k // w)) + 1) * ns
-            out[n.id] = (0, k) if turn == 0 else (ns - k, k)
-            self.weight_side[us[0]] = turn
-            turn ^= 1
-        if size * self.lanes > m.sram_bytes * EDGE_SHARE:
-            self.weight_side.clear()
-            return {}
-        return out
 
     def zero_vector(self) -> int:
         """Base slot of a persistent all-zero vector (4 planes: any dtype reads its first w)."""
@@ -478,15 +320,9 @@ class Lowerer:
                     aliased = any(plan.outputs_alias.get(o) and g.node(o).inputs[0] == n.id for o in g.outputs.values())
                     if not self.replayer.replay(n, aliased):
                         rec = self.replayer.begin(n)
-                        side = None if aliased else self.side_of(n)
-                        if side is None and (self._vxm_output(n) if aliased else self._vxm_to_vxm(n)):
-                            self.grid[n.id] = self.near_region(n.shape, n.dtype, None if aliased else n.id,
-                                                               f"'{n.op}' at line {n.line}")
-                        elif side is not None:
-                            self.grid[n.id] = self.side_region(n.shape, n.dtype, side, n.id, f"'{n.op}' at line {n.line}")
-                        else:
-                            self.grid[n.id] = self.new_region(n.shape, n.dtype, f"'{n.op}' at line {n.line}",
-                                                              owner=None if aliased else n.id)
+                        grid = placement.temp_region(self, n, aliased)
+                        self.grid[n.id] = grid if grid is not None else self.new_region(
+                            n.shape, n.dtype, f"'{n.op}' at line {n.line}", owner=None if aliased else n.id)
                         L.LOWER[n.op](self, n)
                         self.replayer.end(n, rec, aliased)
             except UnsupportedError as e:

@@ -86,7 +86,7 @@ def _units(lw, mdt):
 
 
 def _weight_units(lw, n, units) -> list:
-    """The units on the edge whose slices hold n's weights (lower._edge_weights), else units."""
+    """The units on the edge whose slices hold n's weights (placement.edge_weights), else units."""
     side = lw.weight_side.get(n.id)
     near = [u for u in units if int(u >= lw.m.mxm_planes_per_hemisphere) == side]
     return near or units
@@ -250,7 +250,7 @@ def _charge(lw, load, u, pair, ktiles, rows, hold):
 def output_side(lw, n):
     """The hemisphere of the unit a 2-D product of more than FEW_ROWS rows will run all its
     jobs on (as _matmul2d chooses them: the least-loaded unit per job), else None: its
-    accumulator rows are written to that side's slices (lower.side_region), so that each row's
+    accumulator rows are written to that side's slices (placement.side_region), so that each row's
     trip from the MXM through SRAM to the VXM is the MXM's distance to the VXM, never the
     far side's slices (up to three times that)."""
     g = lw.g

@@ -430,16 +430,16 @@ def test_a_product_read_by_row_groups_is_computed_block_by_block(monkeypatch):
 def test_a_packed_softmax_keeps_its_rows_next_to_the_vxm(monkeypatch):
     """attention_prefill's masked scores and exponentials, made on the VXM and read only there
     (by the reductions over the keys and the elementwise ops), lie in the NEAR_SLICES slices
-    nearest the VXM on each side, alternating (lower.near_region; first fit spread them up to
+    nearest the VXM on each side, alternating (placement.near_region; first fit spread them up to
     46 hops away): fewer cycles, results within tolerance."""
     import os
-    from lpu.compiler import lower
+    from lpu.compiler import placement
     m = MachineConfig.load("tsp-v1")
     with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
         src = f.read()
     made = []
-    near = lower.Lowerer.near_region
-    monkeypatch.setattr(lower.Lowerer, "near_region", lambda self, *a: made.append((a[3], near(self, *a))) or made[-1][1])
+    near = placement.near_region
+    monkeypatch.setattr(placement, "near_region", lambda lw, *a: made.append((a[3], near(lw, *a))) or made[-1][1])
     prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
     made = [(what, grid) for what, grid in made if what.split("'")[1] in ("exp", "where")]
     assert sorted(what.split("'")[1] for what, _ in made) == ["exp", "where"]
@@ -447,26 +447,26 @@ def test_a_packed_softmax_keeps_its_rows_next_to_the_vxm(monkeypatch):
         planes = (grid.reshape(-1)[:, None] + np.arange(4)[None, :]) % m.mem_slices
         hops = np.abs(np.vectorize(m.slice_pos)(planes) - m.vxm_pos)
         west = planes < m.mem_slices_per_hemisphere
-        assert hops.max() <= lower.NEAR_SLICES + 1 and 2 * west.sum() == west.size
+        assert hops.max() <= placement.NEAR_SLICES + 1 and 2 * west.sum() == west.size
         assert np.all(west.all(axis=1) | ~west.any(axis=1))          # no vector across the VXM
-    monkeypatch.setattr(lower.Lowerer, "_vxm_to_vxm", lambda *a: False)
+    monkeypatch.setattr(placement, "vxm_to_vxm", lambda *a: False)
     assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
 
 
 def test_an_output_made_on_the_vxm_lies_next_to_it(monkeypatch):
     """mlp's output (its last op's rows, on the VXM) lies in the slices nearest the VXM
-    (lower.near_region; first fit had put rows up to 44 hops away, the program's last writes):
+    (placement.near_region; first fit had put rows up to 44 hops away, the program's last writes):
     fewer cycles, results within tolerance."""
     import os
-    from lpu.compiler import lower
+    from lpu.compiler import placement
     m = MachineConfig.load("tsp-v1")
     with open(os.path.join(os.path.dirname(__file__), "..", "programs", "mlp.lpu")) as f:
         src = f.read()
     prog, g, _, _ = run_checked(src, m, 19, "mlp.lpu")
     out = [s for s in prog.symbols if s.kind == "output"]
-    assert out and all(np.abs(np.vectorize(m.slice_pos)(s.slices) - m.vxm_pos).max() <= lower.NEAR_SLICES + 1
+    assert out and all(np.abs(np.vectorize(m.slice_pos)(s.slices) - m.vxm_pos).max() <= placement.NEAR_SLICES + 1
                        for s in out)
-    monkeypatch.setattr(lower.Lowerer, "_vxm_output", lambda *a: False)
+    monkeypatch.setattr(placement, "vxm_output", lambda *a: False)
     assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
 
 
@@ -476,7 +476,7 @@ def test_a_first_products_weights_lie_at_its_edge(monkeypatch):
     on that edge's plane pair (first fit spread them over every slice: the first installs at
     cycle 94); wo (sliced by heads) does not: fewer cycles, results within tolerance."""
     import os
-    from lpu.compiler import lower
+    from lpu.compiler import placement
     m = MachineConfig.load("tsp-v1")
     with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
         src = f.read()
@@ -484,17 +484,17 @@ def test_a_first_products_weights_lie_at_its_edge(monkeypatch):
     sides = []
     for name in ("wq", "wk", "wv"):
         sl = prog.symbol(name).slices
-        west, east = sl < lower.EDGE_SLICES, sl >= m.mem_slices - lower.EDGE_SLICES
+        west, east = sl < placement.EDGE_SLICES, sl >= m.mem_slices - placement.EDGE_SLICES
         assert west.all() or east.all(), name
         sides.append(int(east.all()))
-    assert sides == [0, 1, 0] and prog.symbol("wo").slices.max() >= lower.EDGE_SLICES
+    assert sides == [0, 1, 0] and prog.symbol("wo").slices.max() >= placement.EDGE_SLICES
     lines = {n.attrs["name"]: [u.line for u in g.nodes() if u.op == "matmul" and n.id in u.inputs][0]
              for n in g.nodes() if n.op == "weight" and n.attrs["name"] in ("wq", "wk", "wv")}
     for name, side in zip(("wq", "wk", "wv"), sides):    # its product's installs on that side's pair
         units = {m.queues[int(prog.queue[i])][0] for i in range(len(prog.op))
                  if prog.op[i] == O.IW and prog.line[i] == lines[name]}
         assert units == {f"mxm{2 * side}"}, (name, units)
-    monkeypatch.setattr(lower, "EDGE_SHARE", 0.0)
+    monkeypatch.setattr(placement, "EDGE_SHARE", 0.0)
     assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
 
 
