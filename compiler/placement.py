@@ -10,6 +10,7 @@ import numpy as np
 from lpu.compiler import lower_reduce, ops
 from lpu.compiler.alloc import grid_shape
 from lpu.compiler.lower_mxm import output_side
+from lpu.compiler.partition import LINK_PREFIX
 from lpu.isa.opcodes import dtype_width
 
 NEAR_SLICES = 20     # slices a side that near_region uses
@@ -119,8 +120,11 @@ def vxm_to_vxm(lw, n) -> bool:
 
 def vxm_output(lw, n) -> bool:
     """n, an output's value, is made on the VXM: `near_region` (its last writes are the
-    program's end)."""
-    return lw.near_vxm is None and not lw.in_loop(n) and n.op in ops.ELEMENTWISE
+    program's end). Not a value a pipeline stage sends over a link (named LINK_PREFIX...): its
+    SENDs read it a vector per link slot, and the near slices' banks spaced them further apart."""
+    outs = [lw.g.node(u).attrs.get("name", "") for u in lw.g.users(n.id) if lw.g.node(u).op == "output"]
+    return lw.near_vxm is None and not lw.in_loop(n) and n.op in ops.ELEMENTWISE and \
+        not any(o.startswith(LINK_PREFIX) for o in outs)
 
 
 def near_region(lw, shape, dtype, owner, what):
