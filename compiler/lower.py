@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from lpu.compiler import lower_ops as L
+from lpu.compiler import placement
 from lpu.compiler.alloc import SlotAllocator, grid_shape, layout, period_stride
 from lpu.compiler.chains import Ctx
 from lpu.compiler.chainspec import Registry
 from lpu.compiler.ir import IRGraph
-from lpu.compiler.lower_mxm import output_side, score_unit
+from lpu.compiler.lower_mxm import score_unit
 from lpu.compiler.plan import make_plan
 from lpu.compiler.replay import Replayer, periodic_leaves
 from lpu.isa.errors import CapacityError, UnsupportedError
@@ -96,6 +97,7 @@ class Lowerer:
         self.near_side = [[d + (far if machine.slice_hemisphere(s) != h else 0) for s, d in enumerate(self.near_vxm)]
                           for h in range(2)] if decode else None
         self._edge_cost: dict = {}
+        self.weight_side: dict = {}              # product -> the hemisphere of its weights (placement.edge_weights)
         self.sxm_rows = [0, 0]                   # decode heads' row reductions on each SXM (lower_reduce)
 
     # ---- storage -----------------------------------------------------------------------------
@@ -112,6 +114,9 @@ class Lowerer:
             start = twin[0]          # where the twin trip's node was: the trips converge sooner
         elif owner is not None and self.near_vxm and n <= self.m.mem_slices * NEAR_SHARE:
             start = self.alloc.alloc_near(n, self._near_cost(owner), NEAR_MARGIN, what)
+        elif owner is not None and placement.reduced_across(self, owner) and n <= self.m.mem_slices * NEAR_SHARE:
+            hops = [abs(self.m.slice_pos(s) - self.m.vxm_pos) for s in range(self.m.mem_slices)]
+            start = self.alloc.alloc_near(n, hops, 0, what)
         else:
             start = self.alloc.alloc(n, what)
         if owner is not None:
@@ -119,46 +124,9 @@ class Lowerer:
             self.placed[owner] = (start, n)
         return layout(start, shape, w, self.lanes, chunk_major, period)
 
-    def side_of(self, n):
-        """The hemisphere whose slices n's region lies on (`side_region`), else None (anywhere):
-        the side of the unit that makes it (a product's plane pair: lower_mxm.output_side) or
-        takes it (a transpose through the SXM buffers, which then takes the SXM of its source's
-        side: movement.transpose_grid). A vector between the VXM and a unit at the chip's edge
-        then travels the VXM's distance to that unit through SRAM, where slices on the far
-        side made it up to three times that (the last vector of each pass came that much later).
-        Measured (tsp-v1, with the accumulated heads of rewrite_pack): attention_prefill
-        1,635 -> 1,445, matmul 384 -> 321, gpt2_block_prefill 3,995 -> 3,676,
-        llama_block_prefill 6,343 -> 6,239, bert_base L=1 14,901 -> 14,803. Not in decode steps
-        (their temporaries lie near the VXM), nor in the trips of a loop of several (a trip
-        replays its twin, compiler/replay.py; measured there: gpt2_small_prefill L=3 46,716 ->
-        46,903, L=12 182,368 -> 183,115, though bert_base L=12 166,659 -> 165,946)."""
-        if self.near_vxm is not None or self.in_loop(n):
-            return None
-        if n.op == "matmul":
-            return output_side(self, n)
-        us = self.g.users(n.id)
-        if len(us) != 1 or self.g.node(us[0]).op != "transpose" or self.plan.kind[us[0]] != "temp":
-            return None
-        return self.ctx.next_sxm()
-
     def in_loop(self, n) -> bool:
         """n is in a trip of a loop of several (whose trips replay their twins: replay.py)."""
         return any(s <= n.id < e for trips in self.g.loops if len(trips) > 1 for s, e in trips)
-
-    def side_region(self, shape, dtype, h, owner, what):
-        """A region whose vectors all lie on hemisphere h's slices (whole rows of slots taken,
-        the other side's slots of those rows left unused)."""
-        w = dtype_width(dtype)
-        ns, half = self.m.mem_slices, self.m.mem_slices_per_hemisphere
-        g = grid_shape(shape, self.lanes)
-        nvec = int(np.prod(g))
-        per_row = half // w
-        size = (-(-nvec // per_row) + 1) * ns
-        start = self.alloc.alloc(size, what)
-        base = -(-start // ns) * ns
-        j = np.arange(nvec, dtype=np.int64)
-        self.regions[owner] = self.placed[owner] = (start, size)
-        return (base + (j // per_row) * ns + h * half + (j % per_row) * w).reshape(g)
 
     def _near_cost(self, owner):
         """Hops by slice that a decode step's temporary is placed near: the VXM's, but for a
@@ -257,10 +225,14 @@ class Lowerer:
                 f"needed, {self.m.sram_bytes:,} bytes of SRAM on '{self.m.name}'; it would need {chips} chips "
                 f"(largest tensors: {names})",
                 bytes_needed=total, bytes_available=self.m.sram_bytes, chips_needed=chips)
+        edge = placement.edge_weights(self, persistent)
         for n in persistent:
             name = n.attrs.get("name", f"const{n.id}")
-            grid = self.new_region(n.shape, n.dtype, f"'{name}'", chunk_major=n.op == "weight",
-                                   period=period if n.id in periodic else 0)
+            if n.id in edge:
+                grid = placement.window_region(self, n.shape, n.dtype, (edge[n.id],), None, f"'{name}'")
+            else:
+                grid = self.new_region(n.shape, n.dtype, f"'{name}'", chunk_major=n.op == "weight",
+                                       period=period if n.id in periodic else 0)
             self.grid[n.id] = grid
             data = None
             kind = n.op
@@ -348,12 +320,9 @@ class Lowerer:
                     aliased = any(plan.outputs_alias.get(o) and g.node(o).inputs[0] == n.id for o in g.outputs.values())
                     if not self.replayer.replay(n, aliased):
                         rec = self.replayer.begin(n)
-                        side = None if aliased else self.side_of(n)
-                        if side is not None:
-                            self.grid[n.id] = self.side_region(n.shape, n.dtype, side, n.id, f"'{n.op}' at line {n.line}")
-                        else:
-                            self.grid[n.id] = self.new_region(n.shape, n.dtype, f"'{n.op}' at line {n.line}",
-                                                              owner=None if aliased else n.id)
+                        grid = placement.temp_region(self, n, aliased)
+                        self.grid[n.id] = grid if grid is not None else self.new_region(
+                            n.shape, n.dtype, f"'{n.op}' at line {n.line}", owner=None if aliased else n.id)
                         L.LOWER[n.op](self, n)
                         self.replayer.end(n, rec, aliased)
             except UnsupportedError as e:

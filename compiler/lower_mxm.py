@@ -85,6 +85,13 @@ def _units(lw, mdt):
     return list(range(0, m.mxm_planes, 2)), m.f16_pair_cycles, True
 
 
+def _weight_units(lw, n, units) -> list:
+    """The units on the edge whose slices hold n's weights (placement.edge_weights), else units."""
+    side = lw.weight_side.get(n.id)
+    near = [u for u in units if int(u >= lw.m.mxm_planes_per_hemisphere) == side]
+    return near or units
+
+
 def _row_block(M, nchunks, nunits, hold, lw_cycles, acc_rows) -> int:
     """Rows per job of a matmul that has the MXM to itself (no other matmul at its depth in the
     plan's level order to balance the units with). Whole columns (all M rows) when the output
@@ -254,7 +261,7 @@ def _charge(lw, load, u, pair, ktiles, rows, hold):
 def output_side(lw, n):
     """The hemisphere of the unit a 2-D product of more than FEW_ROWS rows will run all its
     jobs on (as _matmul2d chooses them: the least-loaded unit per job), else None: its
-    accumulator rows are written to that side's slices (lower.side_region), so that each row's
+    accumulator rows are written to that side's slices (placement.side_region), so that each row's
     trip from the MXM through SRAM to the VXM is the MXM's distance to the VXM, never the
     far side's slices (up to three times that)."""
     g = lw.g
@@ -266,6 +273,7 @@ def output_side(lw, n):
         sides = {int(u >= lw.m.mxm_planes_per_hemisphere) for _, _, u, _ in lw.ctx.acc_jobs[n.inputs[2]]}
         return sides.pop() if len(sides) == 1 else None
     units, hold, pair = _units(lw, "i8" if n.dtype == "i32" else "f16")
+    units = _weight_units(lw, n, units)
     load = dict(lw.ctx.mxm_load)
     ktiles = -(-a.shape[1] // lw.lanes)
     sides = set()
@@ -280,6 +288,7 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     c, m = lw.ctx, lw.m
     lanes = lw.lanes
     units, hold, pair = _units(lw, mdt)
+    units = _weight_units(lw, n, units)
     w = dtype_width(mdt)
     dt = DTYPE_CODE[mdt]
     odt = DTYPE_CODE["i32" if mdt == "i8" else "f32"]

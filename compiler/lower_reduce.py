@@ -103,7 +103,7 @@ def _partials(lw, n, nvec, nt, dt):
     consecutive slots could put all 32 planes on one side's streams and up to 44 hops away.
     (Measured: reductions side by side at one depth crowd the same near slices: llama_block_prefill
     6,916 -> 6,977, bert_base L=1 18,045 -> 18,146 when they did.)"""
-    if nvec > 1 or _peers_across(lw, n) > 1:
+    if nvec > 1 or peers_across(lw, n) > 1:
         return lw.temp((nvec, nt * lw.lanes), dt)
     m = lw.m
     ns = m.mem_slices
@@ -123,7 +123,7 @@ def _partials(lw, n, nvec, nt, dt):
     return grid.reshape(1, nt), (start, size)
 
 
-def _peers_across(lw, n) -> int:
+def peers_across(lw, n) -> int:
     """Reductions across vectors at n's depth in the plan (n among them); counted once per
     lowering."""
     count = lw.across_at_depth

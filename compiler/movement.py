@@ -189,7 +189,7 @@ def transpose_any(lw, n):
 def transpose_grid(lw, n, src, shape, dst, dtype):
     """dst[..., c, r] = src[..., r, c] through the SXM transpose buffers, one lanes x lanes
     block at a time, on the SXM of the block's side (its source all on one hemisphere:
-    lower.side_of), else alternating the two SXMs. A column read out (TPOUT) holds every row of
+    placement.side_of), else alternating the two SXMs. A column read out (TPOUT) holds every row of
     the buffer: rows past the block's may hold an earlier block's (`Ctx.tp_dirty`; the
     buffers start zeroed). Where none do, each column goes from the SXM
     straight to SRAM; where some do, they are first filled from zero vectors, except in the

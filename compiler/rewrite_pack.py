@@ -350,7 +350,7 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
     matmul(a, b, c) = a @ b + c, c left in the accumulators it was made in (plan kind `acc`,
     lower_mxm: those heads are the K-tiles of one product, one ACC per row), and the
     accumulators' results are added. Measured on attention_prefill (tsp-v1, rows on their
-    pair's side, lower.side_of): 1,598 (adds) -> 1,445 with two accumulators (heads 0-1 and
+    pair's side, placement.side_of): 1,598 (adds) -> 1,445 with two accumulators (heads 0-1 and
     2-3, one per plane pair); one: 1,539, or 1,501 with its rows split over both pairs."""
     todo = {n.id for n in g.nodes() if _split_join(g, n, lanes)}
     if not todo:

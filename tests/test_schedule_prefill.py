@@ -268,7 +268,8 @@ def test_a_fused_vector_whose_operands_clash_copies_one_and_stays_one_chain(monk
 def test_a_lone_reduction_across_vectors_keeps_its_partials_next_to_the_vxm(monkeypatch):
     """attention_prefill's packed softmax: the max's and the sum's block partials lie in the
     slices nearest the VXM, half of them west and half east (consecutive slots had put all
-    32 planes on one side, up to 44 hops away): fewer cycles, results within tolerance."""
+    32 planes on one side, up to 44 hops away), and so do their results (lower.new_region:
+    first fit had put the max 16 hops away): fewer cycles, results within tolerance."""
     import os
     from lpu.compiler import lower_reduce
     m = MachineConfig.load("tsp-v1")
@@ -281,7 +282,14 @@ def test_a_lone_reduction_across_vectors_keeps_its_partials_next_to_the_vxm(monk
     hops = [abs(m.slice_pos(int(s) % m.mem_slices) - m.vxm_pos) for grid, _ in grids for s in grid.reshape(-1)]
     west = [int(s) % m.mem_slices < m.mem_slices_per_hemisphere for grid, _ in grids for s in grid.reshape(-1)]
     assert len(grids) == 2 and max(hops) <= 16 and sum(west) * 2 == len(west)
-    monkeypatch.setattr(lower_reduce, "_peers_across", lambda *a: 2)
+    from lpu.emulator.run import schedule
+    s = schedule(prog)
+    for name in ("max", "sum"):          # the result: the reduction's last write
+        writes = [(int(s.cycle[i]), m.queues[int(s.queue[i])][-1]) for i in range(len(s.cycle))
+                  if prog.nodes[int(prog.node[int(s.src[i])])][0] == name and s.op[i] == O.WRITE]
+        last = max(c for c, _ in writes)
+        assert max(abs(p - m.vxm_pos) for c, p in writes if c >= last - 3) <= 4, name
+    monkeypatch.setattr(lower_reduce, "peers_across", lambda *a: 2)
     assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
 
 
@@ -432,3 +440,93 @@ def test_a_product_read_by_row_groups_is_computed_block_by_block(monkeypatch):
     assert _count(blocked, "ABC") == _count(whole, "ABC")
     assert _count(blocked, "LW") > _count(whole, "LW")
     assert blocked.predicted_cycles == prog.predicted_cycles < whole.predicted_cycles
+
+
+def test_a_packed_softmax_keeps_its_rows_next_to_the_vxm(monkeypatch):
+    """attention_prefill's masked scores and exponentials, made on the VXM and read only there
+    (by the reductions over the keys and the elementwise ops), lie in the NEAR_SLICES slices
+    nearest the VXM on each side, alternating (placement.near_region; first fit spread them up to
+    46 hops away): fewer cycles, results within tolerance."""
+    import os
+    from lpu.compiler import placement
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
+        src = f.read()
+    made = []
+    near = placement.near_region
+    monkeypatch.setattr(placement, "near_region", lambda lw, *a: made.append((a[3], near(lw, *a))) or made[-1][1])
+    prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
+    made = [(what, grid) for what, grid in made if what.split("'")[1] in ("exp", "where")]
+    assert sorted(what.split("'")[1] for what, _ in made) == ["exp", "where"]
+    for _, grid in made:
+        planes = (grid.reshape(-1)[:, None] + np.arange(4)[None, :]) % m.mem_slices
+        hops = np.abs(np.vectorize(m.slice_pos)(planes) - m.vxm_pos)
+        west = planes < m.mem_slices_per_hemisphere
+        assert hops.max() <= placement.NEAR_SLICES + 1 and 2 * west.sum() == west.size
+        assert np.all(west.all(axis=1) | ~west.any(axis=1))          # no vector across the VXM
+    monkeypatch.setattr(placement, "vxm_to_vxm", lambda *a: False)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
+
+
+def test_an_output_made_on_the_vxm_lies_next_to_it(monkeypatch):
+    """mlp's output (its last op's rows, on the VXM) lies in the slices nearest the VXM
+    (placement.near_region; first fit had put rows up to 44 hops away, the program's last writes):
+    fewer cycles, results within tolerance."""
+    import os
+    from lpu.compiler import placement
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "mlp.lpu")) as f:
+        src = f.read()
+    prog, g, _, _ = run_checked(src, m, 19, "mlp.lpu")
+    out = [s for s in prog.symbols if s.kind == "output"]
+    assert out and all(np.abs(np.vectorize(m.slice_pos)(s.slices) - m.vxm_pos).max() <= placement.NEAR_SLICES + 1
+                       for s in out)
+    monkeypatch.setattr(placement, "vxm_output", lambda *a: False)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
+
+
+def test_a_first_products_weights_lie_at_its_edge(monkeypatch):
+    """attention_prefill's wq, wk and wv (one tile each, multiplied with the input x) lie in the
+    EDGE_SLICES slices at one edge of the chip, west and east by turns, and each product runs
+    on that edge's plane pair (first fit spread them over every slice: the first installs at
+    cycle 94); wo (sliced by heads) does not: fewer cycles, results within tolerance."""
+    import os
+    from lpu.compiler import placement
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
+        src = f.read()
+    prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
+    sides = []
+    for name in ("wq", "wk", "wv"):
+        sl = prog.symbol(name).slices
+        west, east = sl < placement.EDGE_SLICES, sl >= m.mem_slices - placement.EDGE_SLICES
+        assert west.all() or east.all(), name
+        sides.append(int(east.all()))
+    assert sides == [0, 1, 0] and prog.symbol("wo").slices.max() >= placement.EDGE_SLICES
+    lines = {n.attrs["name"]: [u.line for u in g.nodes() if u.op == "matmul" and n.id in u.inputs][0]
+             for n in g.nodes() if n.op == "weight" and n.attrs["name"] in ("wq", "wk", "wv")}
+    for name, side in zip(("wq", "wk", "wv"), sides):    # its product's installs on that side's pair
+        units = {m.queues[int(prog.queue[i])][0] for i in range(len(prog.op))
+                 if prog.op[i] == O.IW and prog.line[i] == lines[name]}
+        assert units == {f"mxm{2 * side}"}, (name, units)
+    monkeypatch.setattr(placement, "EDGE_SHARE", 0.0)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
+
+
+def test_a_where_whose_constant_condition_clashes_stages_the_constant(monkeypatch):
+    """A `where` whose condition (a constant, the causal mask) lies on a bank of its operand's
+    row copies the condition (no dependency: any time before) and stays one chain; it had gone
+    through three chains and two temporaries after the row was made (stragglers that held up
+    the softmax's max): fewer cycles on attention_prefill, results within tolerance."""
+    import os
+    from lpu.compiler import lower_ops
+    m = MachineConfig.load("tsp-v1")
+    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
+        src = f.read()
+    done = []
+    real = lower_ops._where_staged
+    monkeypatch.setattr(lower_ops, "_where_staged", lambda *a: done.append(real(*a)) or done[-1])
+    prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
+    assert any(done) and all(done)
+    monkeypatch.setattr(lower_ops, "_where_staged", lambda *a: False)
+    assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles

@@ -9,10 +9,9 @@ import os
 
 import pytest
 
-from lpu.compiler import lower_mxm, movement, rewrite_pack
+from lpu.compiler import lower_mxm, movement, placement, rewrite_pack
 from lpu.compiler.driver import compile_graph, rewritten
 from lpu.compiler.frontend import elaborate_source
-from lpu.compiler.lower import Lowerer
 from lpu.compiler.plan import make_plan
 from lpu.isa import opcodes as O
 from lpu.isa.machine import MachineConfig
@@ -75,7 +74,7 @@ def test_a_products_rows_lie_on_its_plane_pairs_side(monkeypatch):
     monkeypatch.setattr(lower_mxm, "_matmul2d", spy)
     prog, g, _, _ = run_checked(_source("matmul"), m, 5, "matmul.lpu")
     assert seen and all(len(units) == 1 and units == sides for units, sides in seen)
-    monkeypatch.setattr(Lowerer, "side_of", lambda self, n: None)
+    monkeypatch.setattr(placement, "side_of", lambda lw, n: None)
     assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
 
 

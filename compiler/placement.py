@@ -1,0 +1,192 @@
+"""Where a tensor's vectors lie in SRAM, when first fit (consecutive slots over every slice) is
+not what its trips want: on the hemisphere of the unit that makes or takes it (`side_of`), in
+the slices nearest the VXM (`near_region`: a packed softmax's rows, an output made on the VXM),
+at the edge of the plane pair that installs it (`edge_weights`). The decisions, with what each
+measured, are in the functions' notes; `temp_region` applies them to a temporary."""
+from __future__ import annotations
+
+import numpy as np
+
+from lpu.compiler import lower_reduce, ops
+from lpu.compiler.alloc import grid_shape
+from lpu.compiler.lower_mxm import output_side
+from lpu.compiler.partition import LINK_PREFIX
+from lpu.isa.opcodes import dtype_width
+
+NEAR_SLICES = 20     # slices a side that near_region uses
+EDGE_SLICES = 16     # slices at an edge that a weight installed whole lies in (edge_weights)
+EDGE_SHARE = 0.125   # of the SRAM those weights may take so laid
+
+
+def temp_region(lw, n, aliased):
+    """The grid of temporary n (aliased: an output's value, its region never freed) where one of
+    the rules places it, else None (first fit)."""
+    what = f"'{n.op}' at line {n.line}"
+    side = None if aliased else side_of(lw, n)
+    if side is not None:
+        return side_region(lw, n.shape, n.dtype, side, n.id, what)
+    if vxm_output(lw, n) if aliased else vxm_to_vxm(lw, n):
+        return near_region(lw, n.shape, n.dtype, None if aliased else n.id, what)
+    return None
+
+
+def side_of(lw, n):
+    """The hemisphere whose slices n's region lies on (`side_region`), else None (anywhere):
+    the side of the unit that makes it (a product's plane pair: lower_mxm.output_side) or
+    takes it (a transpose through the SXM buffers, which then takes the SXM of its source's
+    side: movement.transpose_grid). A vector between the VXM and a unit at the chip's edge
+    then travels the VXM's distance to that unit through SRAM, where slices on the far
+    side made it up to three times that (the last vector of each pass came that much later).
+    Measured (tsp-v1, with the accumulated heads of rewrite_pack): attention_prefill
+    1,635 -> 1,445, matmul 384 -> 321, gpt2_block_prefill 3,995 -> 3,676,
+    llama_block_prefill 6,343 -> 6,239, bert_base L=1 14,901 -> 14,803. Not in decode steps
+    (their temporaries lie near the VXM), nor in the trips of a loop of several (a trip
+    replays its twin, compiler/replay.py; measured there: gpt2_small_prefill L=3 46,716 ->
+    46,903, L=12 182,368 -> 183,115, though bert_base L=12 166,659 -> 165,946)."""
+    if lw.near_vxm is not None or lw.in_loop(n):
+        return None
+    if n.op == "matmul":
+        return output_side(lw, n)
+    w = weights_of(lw, n) if n.op != "slice" else None     # (not a lane move's copy: see there)
+    if w is not None:
+        return output_side(lw, w)
+    # a transpose of one block, through the SXM of its source's side (movement.transpose_grid),
+    # to that side's slices: first fit spread a softmax's p over both sides, and the rows for
+    # the near plane pair went up to 89 hops away and came back (attention_prefill 1,342 ->
+    # 1,279, llama_block_prefill 6,187 -> 6,179; of several blocks: tiny's 28,804 -> 28,939)
+    if n.op == "transpose" and n.inputs[0] in lw.grid and max(n.shape[-2:]) <= lw.lanes:
+        sides = {lw.ctx.sxm_near(int(x)) for x in np.asarray(lw.grid[n.inputs[0]]).reshape(-1)}
+        if len(sides) == 1:
+            return sides.pop()
+    us = lw.g.users(n.id)
+    if len(us) != 1 or lw.g.node(us[0]).op != "transpose" or lw.plan.kind[us[0]] != "temp":
+        return None
+    return lw.ctx.next_sxm()
+
+
+def weights_of(lw, n):
+    """The product that installs n as its weights (n its only user's right operand, through
+    reshapes and transposes), else None: its rows travel from the VXM to that product's
+    plane pair through SRAM, as a product's output rows do the other way. Measured (the
+    packed heads' masked queries, a softmax's p installed for p @ v): attention_prefill
+    1,442 -> 1,342 (a masked query row on the far side's slot 0 had been the install's last,
+    90 hops from its pair), gpt2_block_prefill 3,676 -> 3,615, llama_block_prefill 6,196 ->
+    6,187; slices' copies too made llama_block_prefill 6,286 and bert_base L=1 14,836."""
+    x = n
+    while True:
+        us = lw.g.users(x.id)
+        if len(us) != 1:
+            return None
+        u = lw.g.node(us[0])
+        if u.op == "matmul":
+            return u if len(u.inputs) == 2 and u.inputs[1] == x.id and u.inputs[0] != x.id else None
+        if u.op not in ("reshape", "transpose") or lw.plan.kind[u.id] not in ("view", "mxm_t"):
+            return None
+        x = u
+
+
+def reduced_across(lw, nid) -> bool:
+    """A reduction across vectors (a packed softmax's max or sum over its keys): its few
+    vectors are made on the VXM and read there by every row of its users, so they lie in
+    the slices nearest it (alone at its depth, as its partials: lower_reduce._partials).
+    Measured: attention_prefill 1,279 -> 1,234 (first fit had put the max 16 hops away: 32
+    cycles from its last op to the first read of it), gpt2_block_prefill 3,613 -> 3,570;
+    with a margin of 4 hops, or with peers: llama_block_prefill 6,179 -> 6,235 or 6,181."""
+    n = lw.g.node(nid)
+    return n.op in ("max", "sum", "mean") and len(n.shape) > 1 and \
+        n.attrs["axis"] % len(n.shape) != len(n.shape) - 1 and lower_reduce.peers_across(lw, n) == 1
+
+
+def side_region(lw, shape, dtype, h, owner, what):
+    """A region whose vectors all lie on hemisphere h's slices (whole rows of slots taken,
+    the other side's slots of those rows left unused)."""
+    half = lw.m.mem_slices_per_hemisphere
+    return window_region(lw, shape, dtype, ((h * half, half),), owner, what)
+
+
+def vxm_to_vxm(lw, n) -> bool:
+    """n is made on the VXM and read only by VXM ops, one of them a lone reduction across
+    vectors (a packed softmax's masked scores and exponentials): `near_region`. First fit
+    spread them over every slice, the farthest 46 hops away, and each trip to SRAM and back
+    cost up to 92 cycles. Measured (NEAR_SLICES 8, 12, 16, 20, 24, 32, 44): attention_prefill
+    1,234 -> 1,326, 1,417, 1,191, 1,177, 1,189, 1,203, 1,242; gpt2_block_prefill 3,570 ->
+    3,669, 3,622, 3,503, 3,495, 3,507, 3,536, 3,566 (few slices: their banks crowd)."""
+    if lw.near_vxm is not None or lw.in_loop(n) or n.op not in ops.ELEMENTWISE:
+        return False
+    us = [lw.g.node(u) for u in lw.g.users(n.id)]
+    vxm = all(u.op in ops.ELEMENTWISE or reduced_across(lw, u.id) for u in us)
+    return vxm and any(reduced_across(lw, u.id) for u in us)
+
+
+def vxm_output(lw, n) -> bool:
+    """n, an output's value, is made on the VXM: `near_region` (its last writes are the
+    program's end). Not a value a pipeline stage sends over a link (named LINK_PREFIX...): its
+    SENDs read it a vector per link slot, and the near slices' banks spaced them further apart."""
+    outs = [lw.g.node(u).attrs.get("name", "") for u in lw.g.users(n.id) if lw.g.node(u).op == "output"]
+    return lw.near_vxm is None and not lw.in_loop(n) and n.op in ops.ELEMENTWISE and \
+        not any(o.startswith(LINK_PREFIX) for o in outs)
+
+
+def near_region(lw, shape, dtype, owner, what):
+    """A region whose vectors lie in the NEAR_SLICES slices nearest the VXM on each side,
+    alternating west and east (`window_region`)."""
+    half = lw.m.mem_slices_per_hemisphere
+    k = min(NEAR_SLICES, half)
+    return window_region(lw, shape, dtype, ((half - k, k), (half, k)), owner, what)
+
+
+def window_region(lw, shape, dtype, windows, owner, what):
+    """A region whose vectors lie in the given windows of slices ((first slice, count) each,
+    none across the hemispheres' boundary), vector j in window j % len(windows): whole rows
+    of slots taken, the slots outside the windows left unused."""
+    w = dtype_width(dtype)
+    ns = lw.m.mem_slices
+    g = grid_shape(shape, lw.lanes)
+    nvec = int(np.prod(g))
+    per_win = [cnt // w for _, cnt in windows]
+    nw = len(windows)
+    per_row = min(per_win) * nw
+    size = (-(-nvec // per_row) + 1) * ns
+    start = lw.alloc.alloc(size, what)
+    base = -(-start // ns) * ns
+    j = np.arange(nvec, dtype=np.int64)
+    first = np.asarray([f for f, _ in windows], np.int64)
+    off = first[j % nw] + (j % per_row) // nw * w
+    if owner is not None:         # (an output's region is never freed)
+        lw.regions[owner] = lw.placed[owner] = (start, size)
+    return (base + (j // per_row) * ns + off).reshape(g)
+
+
+def edge_weights(lw, persistent) -> dict:
+    """Weights that one product of a declared tensor installs whole, one tile (its right
+    operand, at most lanes x lanes: one job, on one plane pair; not in a decode step): the
+    program's first installs, on its critical path from cycle 0. When all of them fit in
+    EDGE_SHARE of the SRAM so laid: weight id -> the window of the EDGE_SLICES slices at one
+    edge of the chip, west and east by turns, and the product runs on that edge's plane pair
+    (lower_mxm._weight_units, from `lw.weight_side`). First fit spread a weight over every slice,
+    and its install took the farthest slice's distance (attention_prefill: wq and wk installed
+    at cycle 94, now 27). Measured with EDGE_SLICES 8, 12, 16, 24: attention_prefill 1,121,
+    1,099, 1,099, 1,113; matmul 265, 258, 257, 260 (317 before). Weights wider than the lanes
+    (their product's chunks on both pairs) or of a product later in the program (installed
+    while earlier work runs) made gpt2_block_prefill slower: 3,475 -> 3,611, 3,538."""
+    if lw.near_vxm is not None:
+        return {}
+    m = lw.m
+    half, ns = m.mem_slices_per_hemisphere, m.mem_slices
+    k = min(EDGE_SLICES, half)
+    out, turn, size = {}, 0, 0
+    for n in persistent:
+        us = lw.g.users(n.id)
+        if n.op != "weight" or len(us) != 1 or lw.g.node(us[0]).op != "matmul" or len(n.shape) != 2 or \
+                max(n.shape) > lw.lanes or list(lw.g.node(us[0]).inputs[1:]) != [n.id] or lw.in_loop(n) or \
+                lw.g.node(lw.g.node(us[0]).inputs[0]).op not in ("input", "weight", "state"):
+            continue
+        w = dtype_width(n.dtype)
+        size += (-(-int(np.prod(grid_shape(n.shape, lw.lanes))) // (k // w)) + 1) * ns
+        out[n.id] = (0, k) if turn == 0 else (ns - k, k)
+        lw.weight_side[us[0]] = turn
+        turn ^= 1
+    if size * lw.lanes > m.sram_bytes * EDGE_SHARE:
+        lw.weight_side.clear()
+        return {}
+    return out
