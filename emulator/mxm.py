@@ -254,13 +254,14 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na):
         small = np.inf
         j = 0
         while j + 4 <= k:
-            s0, s1 = s0 + xb[j] * xb[j], s1 + xb[j + 1] * xb[j + 1]
-            s2, s3 = s2 + xb[j + 2] * xb[j + 2], s3 + xb[j + 3] * xb[j + 3]
+            v0, v1, v2, v3 = abs(xb[j]), abs(xb[j + 1]), abs(xb[j + 2]), abs(xb[j + 3])
+            s0, s1, s2, s3 = s0 + v0 * v0, s1 + v1 * v1, s2 + v2 * v2, s3 + v3 * v3
+            small = min(min(small, min(v0 if v0 != 0.0 else np.inf, v1 if v1 != 0.0 else np.inf)),
+                        min(v2 if v2 != 0.0 else np.inf, v3 if v3 != 0.0 else np.inf))
             j += 4
         for j in range(j, k):
-            s0 += xb[j] * xb[j]
-        for j in range(k):
             v = abs(xb[j])
+            s0 += v * v
             small = min(small, v if v != 0.0 else np.inf)
         xn = np.sqrt((s0 + s1) + (s2 + s3)) * (1.0 + 2.0 ** -30)    # an upper bound of |x|_2
         xe, xg = xn * c, 2.0 ** MANTISSA * grain(small)
