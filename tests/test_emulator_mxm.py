@@ -68,7 +68,7 @@ def both_paths(x, w):
     support: the lanes where x is nonzero, the columns where those weight rows are)."""
     n = x.shape[0]
     norms = np.zeros((2, w.shape[1]))
-    mxm.column_norms(w, norms)
+    mxm.column_norms(w.astype(np.float32), norms)
     wcols, act = _support(w)
     row, short = np.zeros((n, w.shape[1])), np.zeros((n, w.shape[1]))
     mxm.products(x, n, w, D_F16, row, True, norms, wcols, act)
@@ -167,7 +167,7 @@ def _settled(x, w):
     """settle's results for x @ w (in float64) and how many elements it recomputed; the
     results checked against the row path's exact sums."""
     norms, (wcols, act) = np.zeros((2, w.shape[1])), _support(w)
-    mxm.column_norms(w, norms)
+    mxm.column_norms(w.astype(np.float32), norms)
     y, want = x @ w, np.zeros((x.shape[0], w.shape[1]))
     redo = mxm.settle(x, x.shape[0], w, norms, y, 0, w.shape[1], np.arange(w.shape[0]), w.shape[0])
     mxm.products(x, x.shape[0], w, D_F16, want, True, norms, wcols, act)
