@@ -368,7 +368,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
             np.zeros((nplanes, lanes, lanes), np.float64),        # wts: float64 copy of wts32 for BLAS (run._bulk)
             np.zeros((nplanes, lanes, lanes), np.float32),        # wts32: installed weights (f16, i8: exact)
-            np.zeros((nplanes, lanes), np.float64),               # wnorm: column norms of the weights
+            np.zeros((nplanes, 2, lanes), np.float64),            # wnorm: column norms and grains of the weights
             np.full(nplanes, -1, np.int64),                       # wdt
             np.zeros(nplanes, np.int64),                          # busy
             np.zeros((nplanes, acc_rows, lanes), np.uint32),      # acc_bits

@@ -8,16 +8,17 @@ when `accum`. The order of the additions does not enter, so every exact method g
 
 - `products` (every batch with run(..., bulk=False), and short batches): each element summed
   exactly in two float64 accumulators (`exact_dot`), then correctly rounded (`round_f32`);
-- `settle` after a BLAS product (`x @ w` in float64, emulator/run.py): BLAS sums in some order
-  with an error of at most K * 2^-53 * sum |x[k] w[k, n]| <= K * 2^-53 * |x|_2 |w[:, n]|_2;
-  where the f32 rounding of every value within twice that bound of the BLAS result is the same
-  f32, that f32 is the rounding of the exact sum. The few other elements (cancellation, a sum
-  within the bound of an f32 rounding boundary, non-finite values) are recomputed with
-  `exact_dot`.
+- `settle` after a BLAS product (`x @ w` in float64, emulator/run.py): where the products'
+  grains and norms prove every partial sum exact, or where every value within the error bound
+  of any order's sum (na * 2^-53 * |x|_2 |w[:, n]|_2) rounds to the same f32, that f32 is the
+  rounding of the exact sum. The few other elements (cancellation, a sum within the bound of an
+  f32 rounding boundary, non-finite values) are recomputed with `exact_dot`.
 
 Numbers: f16 and i8 values are multiples of 2^-24 below 2^16, so every product is exact in
 float64 (at most 22 significant bits), a multiple of 2^-48 below 2^32.
 """
+import math
+
 import numpy as np
 from numba import njit
 
@@ -25,6 +26,18 @@ from lpu.emulator.arith import D_I8, f16_value, wrap32
 from lpu.emulator.core_streams import H_FLUSH
 
 MANTISSA = 53             # bits of a float64 significand
+F16_FRACTION = 10         # bits of an f16 significand after the leading one
+F16_GRAIN = -24           # an f16 value is a multiple of 2^-24 (the smallest subnormal)
+
+
+@njit(cache=True, inline="always")
+def grain(smallest):
+    """The largest power of two that every f16 value of magnitude >= `smallest` (> 0; inf: there is
+    none) is a multiple of: 2^(floor(log2 smallest) - 10), at least 2^-24."""
+    if not smallest < np.inf:
+        return 1.0
+    e = math.frexp(smallest)[1] - 1          # floor(log2 smallest)
+    return 2.0 ** max(e - F16_FRACTION, F16_GRAIN)
 
 
 @njit(cache=True)
@@ -93,24 +106,21 @@ def support(x, n, wcols, wnorm, act):
     where every operand is finite (x here, w by its column norms); otherwise every lane and
     column (na = K, [0, lanes), finite False). (x is scanned row by row, branch-free: a loop that
     vectorizes.)"""
-    kk, lanes = wcols.shape[0], wnorm.shape[0]
+    kk, lanes = wcols.shape[0], wnorm.shape[1]
     finite = True
     for m in range(lanes):
-        if not np.isfinite(wnorm[m]):
+        if not np.isfinite(wnorm[0, m]):
             finite = False
-    nz = np.zeros(kk, np.uint8)
-    bad = np.zeros(kk, np.uint8)
-    for b in range(n):
+    mag = np.zeros(kk)          # sum of |x[b, k]|: nonzero, or not finite (NaN, inf), iff some x[b, k] is
+    for b in range(n):          # (finite values are below 2^16: the sum of a batch stays finite)
         row = x[b]
         for k in range(kk):
-            v = row[k]
-            nz[k] |= v != 0.0
-            bad[k] |= not (abs(v) < np.inf)       # inf or NaN
+            mag[k] += abs(row[k])
     na = 0
     for k in range(kk):
-        if bad[k]:
+        if not mag[k] < np.inf:
             finite = False
-        if nz[k]:
+        if mag[k] != 0.0:
             act[na] = k
             na += 1
     if not finite:
@@ -145,7 +155,7 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
     the batch). f16 with `exact` (the reference path, every lane and column): the high and low
     parts of `exact_dot` in y and a second array; else a float64 sum in lane order over the
     `support` (wcols: `row_support` of w, act: int64 scratch [K]), settled like a BLAS product
-    (`settle`, wnorm: the column norms of w)."""
+    (`settle`, wnorm: `column_norms` of w)."""
     lanes = w.shape[1]
     if dt == D_I8 or not exact:         # i8: integers below 2^23, every float64 sum is exact
         if exact:
@@ -220,31 +230,52 @@ def products_over(x, n, w, dt, y, wnorm, wcols, tight, act, na, clo, chi):
 def settle(x, n, w, wnorm, y, clo, chi, act, na):
     """Turn the float64 BLAS product y = x[:n] @ w (f16 operands) in the columns [clo, chi) into
     the contract's results (the other columns are exact zeros: `support`): keep round(y) where
-    the error bound proves it, recompute the rest exactly over the lanes act[:na] (`support`).
-    Returns how many elements were
-    recomputed. (Per row, one branch-free pass that vectorizes marks the doubtful elements;
-    a second visits them only if there are any.)"""
+    it is provably the rounding of the exact sum, recompute the rest exactly over the lanes
+    act[:na] (`support`). Returns how many elements were recomputed. Two proofs (wnorm:
+    `column_norms`, wnorm[0] the column norms, wnorm[1] the column grains):
+    - exact: the products of x[b] and w[:, n] are multiples of g = grain(x[b]) grain(w[:, n]) (powers
+      of two), and sum |p| <= |x[b]|_2 |w[:, n]|_2 (Cauchy-Schwarz); where that is at most 2^53 g,
+      every partial sum, in any order and grouping, is a multiple of g below 2^53 g: exact, so y is
+      the exact sum (ties and values on an f32 boundary included);
+    - bounded: the error of any order's float64 sum of the na products is at most
+      (na - 1) 2^-53 / (1 - na 2^-53) sum |p| <= e = na 2^-53 |x[b]|_2 |w[:, n]|_2; where
+      f32(y - e) == f32(y + e), rounding being monotone, the exact sum rounds to that f32.
+    (Per row, one branch-free pass that vectorizes marks the doubtful elements; a second visits
+    them only if there are any.)"""
     k = w.shape[0]
     cs = split_scale(k)
-    c = 2.0 * k * 2.0 ** -MANTISSA      # twice the summation error bound per unit of |x| |w|
+    c = na * 2.0 ** -MANTISSA
     redo = 0
     doubt = np.zeros(max(chi - clo, 0), np.uint8)
-    wn = wnorm[clo:chi]
+    wn, wg = wnorm[0, clo:chi], wnorm[1, clo:chi]
     for b in range(n):
         xb = x[b]
-        xn = 0.0
-        for j in range(k):
-            xn += xb[j] * xb[j]
-        xn = np.sqrt(xn) * c
+        s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0       # |x|^2 in four sums, and the smallest nonzero |x|
+        small = np.inf
+        j = 0
+        while j + 4 <= k:
+            v0, v1, v2, v3 = abs(xb[j]), abs(xb[j + 1]), abs(xb[j + 2]), abs(xb[j + 3])
+            s0, s1, s2, s3 = s0 + v0 * v0, s1 + v1 * v1, s2 + v2 * v2, s3 + v3 * v3
+            small = min(min(small, min(v0 if v0 != 0.0 else np.inf, v1 if v1 != 0.0 else np.inf)),
+                        min(v2 if v2 != 0.0 else np.inf, v3 if v3 != 0.0 else np.inf))
+            j += 4
+        for j in range(j, k):
+            v = abs(xb[j])
+            s0 += v * v
+            small = min(small, v if v != 0.0 else np.inf)
+        xn = np.sqrt((s0 + s1) + (s2 + s3)) * (1.0 + 2.0 ** -30)    # an upper bound of |x|_2
+        xe, xg = xn * c, 2.0 ** MANTISSA * grain(small)
         yb = y[b, clo:chi]
         nd = 0
         for m in range(chi - clo):
             v = yb[m]
-            e = xn * wn[m]
-            ok = np.float32(v - e) == np.float32(v + e) and abs(v) + e < np.inf
+            e = xe * wn[m]
+            r = np.float32(v)
+            ok = (((np.float32(v - e) == r) & (np.float32(v + e) == r)) | (xn * wn[m] <= xg * wg[m])) & (
+                abs(v) + e < np.inf)
             doubt[m] = not ok
             nd += not ok
-            yb[m] = np.float64(np.float32(v)) + 0.0 if ok else v
+            yb[m] = np.float64(r) + 0.0
         if nd:
             for m in range(chi - clo):
                 if doubt[m]:
@@ -256,8 +287,8 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na):
 @njit(cache=True)
 def install(buf, dt, trans, lanes, w, wnorm, wcols):
     """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed in place if trans) as
-    float32 numbers (f16 and i8 values are exact in it); wnorm[n]: the 2-norm of
-    column n (for `settle`), rounded up a little; wcols: `row_support`."""
+    float32 numbers (f16 and i8 values are exact in it); wnorm: `column_norms` (for `settle`);
+    wcols: `row_support`."""
     lo, hi = buf[0], buf[1]
     for k in range(lanes):
         for n in range(lanes):
@@ -281,14 +312,28 @@ def weight(lo, hi, dt):
 
 @njit(cache=True)
 def column_norms(w, out):
-    """out[n] = the 2-norm of w[:, n], rounded up a little (an upper bound despite rounding)."""
-    out[:] = 0.0
+    """For the float32 weights w: out[0, n] = the 2-norm of w[:, n], rounded up a little (an upper
+    bound despite rounding); out[1, n] = its grain: the largest power of two that every f16 value
+    of the column is a multiple of (`grain` of its smallest nonzero magnitude, found as the
+    smallest nonzero magnitude bit pattern: two passes that vectorize)."""
+    lanes = w.shape[1]
+    acc = np.zeros(lanes)
+    small = np.full(lanes, 0x7F800000, np.uint32)       # +inf: no nonzero value yet
+    bits = w.view(np.uint32)
     for k in range(w.shape[0]):
-        for n in range(w.shape[1]):
-            v = np.float64(w[k, n])
-            out[n] += v * v
-    for n in range(w.shape[1]):
-        out[n] = np.sqrt(out[n]) * (1.0 + 2.0 ** -40)
+        row = w[k]
+        for n in range(lanes):
+            v = np.float64(row[n])
+            acc[n] += v * v
+    for k in range(w.shape[0]):
+        rb = bits[k]
+        for n in range(lanes):
+            b = rb[n] & np.uint32(0x7FFFFFFF)
+            small[n] = min(small[n], b if b != 0 else np.uint32(0x7F800000))
+    smallest = small.view(np.float32)
+    for n in range(lanes):
+        out[0, n] = np.sqrt(acc[n]) * (1.0 + 2.0 ** -40)
+        out[1, n] = grain(np.float64(smallest[n]))
 
 
 def blas_products(x, w, dt, wnorm, wcols):
