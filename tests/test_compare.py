@@ -5,6 +5,7 @@ import io
 import json
 import math
 import os
+import sys
 from argparse import Namespace
 
 import pytest
@@ -205,7 +206,8 @@ def test_crossover_words():
 
 # ---- demo --------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_demo_runs(capsys):
+def test_demo_runs(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)   # progress lines go to a terminal only
     assert main(["demo"]) == 0
     out = capsys.readouterr()
     lines = out.out.splitlines()
