@@ -16,6 +16,7 @@ from lpu.compiler.rewrite import rewrite
 from lpu.compiler.rewrite_pack import pack_heads, split_joins
 from lpu.compiler.rewrite_decode import decode_heads
 from lpu.compiler.rewrite_late import late_columns
+from lpu.compiler.rewrite_defer import defer_norm
 from lpu.compiler.rewrite_latency import one_pass_var, split_gemv
 from lpu.compiler.rewrite_rope import heads_rope
 from lpu.compiler.rewrite_rows import row_groups
@@ -96,7 +97,8 @@ def rewritten(graph: IRGraph, machine: MachineConfig) -> IRGraph:
     """The graph lowering sees: layout choices as graph rewrites."""
     lanes = machine.lanes
     graph = row_groups(split_gemv(one_pass_var(graph), machine))
-    return late_columns(decode_heads(heads_rope(split_joins(pack_heads(rewrite(graph, lanes), lanes), lanes), lanes), lanes), lanes)
+    graph = decode_heads(heads_rope(split_joins(pack_heads(rewrite(graph, lanes), lanes), lanes), lanes), lanes)
+    return defer_norm(late_columns(graph, lanes))
 
 
 def compile_source(text: str, name: str = "<string>", params=None, machine: MachineConfig | None = None,
