@@ -19,7 +19,18 @@ CHUNK = 1 << 20
 
 @njit(cache=True)
 def lemire(u32, r, threshold, lo, out) -> tuple:
-    """Fill out[:] from the 32-bit outputs u32 in order: (outputs taken, values made)."""
+    """Fill out[:] from the 32-bit outputs u32 in order: (outputs taken, values made). A chunk
+    with no rejected draw (nearly every one: a draw is rejected with odds threshold / 2**32) is
+    made in one branch-free pass that vectorizes; a chunk with one is made again draw by draw."""
+    n = out.shape[0]
+    if u32.shape[0] >= n:
+        least = np.uint32(0xFFFFFFFF)      # the smallest low half: one compare after the pass
+        for i in range(n):
+            m = np.uint64(u32[i]) * np.uint64(r)
+            least = min(least, np.uint32(m & np.uint64(0xFFFFFFFF)))
+            out[i] = lo + np.int64(m >> np.uint64(32))
+        if least >= threshold:
+            return n, n
     j = 0
     for i in range(out.shape[0]):
         while True:
