@@ -3,6 +3,8 @@ within the reference's tolerance, predicted == emulated cycles and `verify`, and
 case it was made for."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -26,6 +28,12 @@ output y = f16(x @ w)
 
 def _odd(m: MachineConfig) -> str:
     return ODD.format(S=m.lanes // 2 * 2, K=2 * m.lanes, N=3 * m.lanes)
+
+
+def _program(name: str) -> str:
+    """The source of a bundled program."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs", name + ".lpu")) as f:
+        return f.read()
 
 
 def _count(prog, name) -> int:
@@ -186,12 +194,10 @@ def test_packed_heads_share_their_masks_across_layers():
     """Every layer of bert_base packs its heads with the same masks: one constant per pack
     position serves all layers (they had been 10.6 MB of constants per 12 layers, in SRAM and
     in the binary), while a layer's packs keep their own."""
-    import os
     from lpu.compiler.rewrite import rewrite
     from lpu.compiler.rewrite_pack import pack_heads
     m = MachineConfig.load("tsp-v1")
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs", "bert_base.lpu")) as f:
-        src = f.read()
+    src = _program("bert_base")
     sizes = []
     for layers in (1, 2, 3):
         g = pack_heads(rewrite(elaborate_source(src, "b.lpu", {"L": layers}), m.lanes), m.lanes)
@@ -225,11 +231,9 @@ def test_heads_joined_along_the_lanes_at_the_end_feed_the_mxm_with_their_rows_of
     results agree with the reference. Where wo is no wider than the lanes (tsp-v1), each head's
     f16(p @ v) @ wo_h is p @ f16(v @ wo_h): v @ wo_h is made off the path (after the
     softmax's max), and the path from p to the output has one product: fewer cycles."""
-    import os
     from lpu.compiler import rewrite_pack
     m = MachineConfig.load(machine)
-    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
-        src = f.read()
+    src = _program("attention_prefill")
     hd = min(32, m.lanes // 2)
     src = src.replace("param D = 128", f"param D = {4 * hd}").replace("param S = 64", f"param S = {min(64, 4 * hd)}")
     g = elaborate_source(src, "a.lpu", {})
@@ -251,11 +255,9 @@ def test_a_fused_vector_whose_operands_clash_copies_one_and_stays_one_chain(monk
     """mlp's relu(x @ w1 + b1): where a row and the bias lie on one bank, the bias is copied to
     other slices and the row stays one fused chain (the op-by-op form made it a straggler,
     a trip per op behind the others): fewer cycles, results within the reference's tolerance."""
-    import os
     from lpu.compiler import lower_fuse
     m = MachineConfig.load("tsp-v1")
-    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "mlp.lpu")) as f:
-        src = f.read()
+    src = _program("mlp")
     calls = []
     staged = lower_fuse._staged_chain
     monkeypatch.setattr(lower_fuse, "_staged_chain", lambda *a: calls.append(a[3]) or staged(*a))
@@ -270,11 +272,9 @@ def test_a_lone_reduction_across_vectors_keeps_its_partials_next_to_the_vxm(monk
     slices nearest the VXM, half of them west and half east (consecutive slots had put all
     32 planes on one side, up to 44 hops away), and so do their results (lower.new_region:
     first fit had put the max 16 hops away): fewer cycles, results within tolerance."""
-    import os
     from lpu.compiler import lower_reduce
     m = MachineConfig.load("tsp-v1")
-    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
-        src = f.read()
+    src = _program("attention_prefill")
     grids = []
     near = lower_reduce._partials
     monkeypatch.setattr(lower_reduce, "_partials", lambda *a: grids.append(near(*a)) or grids[-1])
@@ -447,11 +447,9 @@ def test_a_packed_softmax_keeps_its_rows_next_to_the_vxm(monkeypatch):
     (by the reductions over the keys and the elementwise ops), lie in the NEAR_SLICES slices
     nearest the VXM on each side, alternating (placement.near_region; first fit spread them up to
     46 hops away): fewer cycles, results within tolerance."""
-    import os
     from lpu.compiler import placement
     m = MachineConfig.load("tsp-v1")
-    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
-        src = f.read()
+    src = _program("attention_prefill")
     made = []
     near = placement.near_region
     monkeypatch.setattr(placement, "near_region", lambda lw, *a: made.append((a[3], near(lw, *a))) or made[-1][1])
@@ -472,11 +470,9 @@ def test_an_output_made_on_the_vxm_lies_next_to_it(monkeypatch):
     """mlp's output (its last op's rows, on the VXM) lies in the slices nearest the VXM
     (placement.near_region; first fit had put rows up to 44 hops away, the program's last writes):
     fewer cycles, results within tolerance."""
-    import os
     from lpu.compiler import placement
     m = MachineConfig.load("tsp-v1")
-    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "mlp.lpu")) as f:
-        src = f.read()
+    src = _program("mlp")
     prog, g, _, _ = run_checked(src, m, 19, "mlp.lpu")
     out = [s for s in prog.symbols if s.kind == "output"]
     assert out and all(np.abs(np.vectorize(m.slice_pos)(s.slices) - m.vxm_pos).max() <= placement.NEAR_SLICES + 1
@@ -490,11 +486,9 @@ def test_a_first_products_weights_lie_at_its_edge(monkeypatch):
     EDGE_SLICES slices at one edge of the chip, west and east by turns, and each product runs
     on that edge's plane pair (first fit spread them over every slice: the first installs at
     cycle 94); wo (sliced by heads) does not: fewer cycles, results within tolerance."""
-    import os
     from lpu.compiler import placement
     m = MachineConfig.load("tsp-v1")
-    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
-        src = f.read()
+    src = _program("attention_prefill")
     prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
     sides = []
     for name in ("wq", "wk", "wv"):
@@ -518,11 +512,9 @@ def test_a_where_whose_constant_condition_clashes_stages_the_constant(monkeypatc
     row copies the condition (no dependency: any time before) and stays one chain; it had gone
     through three chains and two temporaries after the row was made (stragglers that held up
     the softmax's max): fewer cycles on attention_prefill, results within tolerance."""
-    import os
     from lpu.compiler import lower_ops
     m = MachineConfig.load("tsp-v1")
-    with open(os.path.join(os.path.dirname(__file__), "..", "programs", "attention_prefill.lpu")) as f:
-        src = f.read()
+    src = _program("attention_prefill")
     done = []
     real = lower_ops._where_staged
     monkeypatch.setattr(lower_ops, "_where_staged", lambda *a: done.append(real(*a)) or done[-1])
