@@ -36,6 +36,13 @@ def _program(name: str) -> str:
         return f.read()
 
 
+def _spy(monkeypatch, module, name: str) -> list:
+    """Every result of module.name while the test runs, in a list."""
+    seen, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: seen.append(real(*a)) or seen[-1])
+    return seen
+
+
 def _count(prog, name) -> int:
     return int((prog.op == O.BY_NAME[name].code).sum())
 
@@ -276,9 +283,7 @@ def test_a_lone_reduction_across_vectors_keeps_its_partials_next_to_the_vxm(monk
     from lpu.compiler import lower_reduce
     m = MachineConfig.load("tsp-v1")
     src = _program("attention_prefill")
-    grids = []
-    near = lower_reduce._partials
-    monkeypatch.setattr(lower_reduce, "_partials", lambda *a: grids.append(near(*a)) or grids[-1])
+    grids = _spy(monkeypatch, lower_reduce, "_partials")
     prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
     hops = [abs(m.slice_pos(int(s) % m.mem_slices) - m.vxm_pos) for grid, _ in grids for s in grid.reshape(-1)]
     west = [int(s) % m.mem_slices < m.mem_slices_per_hemisphere for grid, _ in grids for s in grid.reshape(-1)]
@@ -516,9 +521,7 @@ def test_a_where_whose_constant_condition_clashes_stages_the_constant(monkeypatc
     from lpu.compiler import lower_ops
     m = MachineConfig.load("tsp-v1")
     src = _program("attention_prefill")
-    done = []
-    real = lower_ops._where_staged
-    monkeypatch.setattr(lower_ops, "_where_staged", lambda *a: done.append(real(*a)) or done[-1])
+    done = _spy(monkeypatch, lower_ops, "_where_staged")
     prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
     assert any(done) and all(done)
     monkeypatch.setattr(lower_ops, "_where_staged", lambda *a: False)
