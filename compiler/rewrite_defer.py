@@ -85,7 +85,9 @@ def defer_norm(g: IRGraph) -> IRGraph:
     new = rebuilding(g)
     m: dict[int, int] = {}
     first: dict[int, int] = {}
-    ones: dict = {}
+    joined: dict[int, int] = {}     # join node -> the slice of its ones row
+    ones: dict[tuple, int] = {}     # (nk, dtype) -> a ones row, a join's or a constant
+    unit = None                     # the constant 1.0 the sums' reciprocals divide
     for n in g.nodes():
         first[n.id] = len(new)
         if n.id in cands:
@@ -100,8 +102,9 @@ def defer_norm(g: IRGraph) -> IRGraph:
             at = dict(n.attrs) if n.op == "concat" else {"axis": 0}
             m[n.id] = new.add("concat", ins, (n.shape[0] + 1, nk), n.dtype, at, n.line, n.col)
             r0 = n.shape[0]
-            ones[n.id] = new.add("slice", (m[n.id],), (1, nk), n.dtype, {"index": ((r0, r0 + 1), (0, nk))},
-                                 n.line, n.col)
+            joined[n.id] = new.add("slice", (m[n.id],), (1, nk), n.dtype, {"index": ((r0, r0 + 1), (0, nk))},
+                                   n.line, n.col)
+            ones.setdefault((nk, n.dtype), joined[n.id])
             continue
         if n.id not in prods:
             m[n.id] = copied(new, n, m)
@@ -110,16 +113,16 @@ def defer_norm(g: IRGraph) -> IRGraph:
         r, nk = a.shape
         q = n.shape[1]
         src = g.node(g.node(n.inputs[0]).inputs[0]).id if g.node(n.inputs[0]).op == "slice" else None
-        if src not in joins and nk not in ones:     # (else a copy of A and a constant ones row)
-            ones[nk] = new.add("const", (), (1, nk), a.dtype, {"value": np.ones((1, nk), dtype=np.float16)},
+        if src not in joins and (nk, a.dtype) not in ones:     # (else a copy of A and a ones row)
+            ones[nk, a.dtype] = new.add("const", (), (1, nk), a.dtype, {"value": np.ones((1, nk), dtype=np.float16)},
                                n.line, n.col)
-        row = ones[src] if src in joins else ones[nk]
+        row = joined[src] if src in joins else ones[nk, a.dtype]
         aa = new.add("concat", (a.id, row), (r + 1, nk), a.dtype, {"axis": 0}, n.line, n.col)
         y = new.add("matmul", (aa, w.id), (r + 1, q), "f32", {}, n.line, n.col)
         num = new.add("slice", (y,), (r, q), "f32", {"index": ((0, r), (0, q))}, n.line, n.col)
         den = new.add("slice", (y,), (1, q), "f32", {"index": ((r, r + 1), (0, q))}, n.line, n.col)
-        if "one" not in ones:
-            ones["one"] = new.add("const", (), (), "f32", {"value": np.float32(1.0)}, n.line, n.col)
-        rec = new.add("div", (ones["one"], den), (1, q), "f32", {}, n.line, n.col)
+        if unit is None:
+            unit = new.add("const", (), (), "f32", {"value": np.float32(1.0)}, n.line, n.col)
+        rec = new.add("div", (unit, den), (1, q), "f32", {}, n.line, n.col)
         m[n.id] = new.add("mul", (num, rec), n.shape, "f32", {}, n.line, n.col)
     return rebuilt(g, new, m, first)
