@@ -317,7 +317,7 @@ BULK_WORK = 1 << 19    # batches of this many multiply-adds or more are multipli
 def _bulk(ws, plane: int) -> None:
     """Multiply out the pending ABCs of `plane` with one BLAS product (mxm.flush asked for it),
     then settle it to the contract's bits (mxm.settle; i8: BLAS's float64 sum is exact)."""
-    _, _, _, _, wts, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _, wcols, wfresh = ws
+    _, _, _, _, wts, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _, wcols, wfresh, _ = ws
     n = int(pend_n[plane])
     if not wfresh[plane]:                    # BLAS takes float64 (the same numbers), once per IW
         np.copyto(wts[plane], wts32[plane])
