@@ -140,7 +140,7 @@ def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict 
 
 def _declared_values(declared: dict, seed: int, into: dict | None, defer=None) -> dict:
     """Values from the symbols alone (no graph): integers in [-8, 8], floats N(0, 0.1)."""
-    from lpu.compiler.reference import integers, into_array
+    from lpu.compiler.reference import integers, into_array, normals
     rng = np.random.default_rng(seed)
     values = {}
     for s in declared.values():
@@ -149,11 +149,9 @@ def _declared_values(declared: dict, seed: int, into: dict | None, defer=None) -
             values[s.name] = integers(rng, s.name, s.shape, dt, into_array(into, s.name, s.shape, dt), defer)
         else:
             dt = np.float16 if s.dtype == "f16" else np.float32
-            values[s.name] = (rng.standard_normal(s.shape) * 0.1).astype(dt)
             at = into_array(into, s.name, s.shape, dt)
-            if at is not None:
-                at[...] = values[s.name]
-                values[s.name] = at
+            values[s.name] = normals(rng, s.shape, 0.1, lambda b, dt=dt: b.astype(dt),
+                                     np.empty(s.shape, dt) if at is None else at)
     if defer is not None and not defer.check():      # a deferred draw was rejected: all made here
         return _declared_values(declared, seed, into)
     return values

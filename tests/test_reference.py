@@ -263,3 +263,14 @@ def test_draws_made_in_parts_from_their_plan():
             assert a.standard_normal() == b.standard_normal()
         else:                                     # a third rejected: parts misplaced, and said so
             assert not all(ok) and np.array_equal(out[:1], want[:1]) and not np.array_equal(out, want)
+
+
+def test_normals_in_chunks_are_one_draws():
+    """reference.normals: made CHUNK values at a time, the values of one draw of the whole, and
+    the generator left in the same place."""
+    from lpu.compiler.reference import CHUNK, normals
+    for shape, scale, dtype in (((2, CHUNK // 2 + 3), 0.1, "f16"), ((5,), 1 / np.sqrt(7), "f32"), ((3,), 1.0, "bf16")):
+        a, b = np.random.default_rng(2), np.random.default_rng(2)
+        want = S.convert(a.standard_normal(shape) * scale, dtype)
+        got = normals(b, shape, scale, lambda x: S.convert(x, dtype), np.empty(shape, S.NP_DTYPE[dtype]))
+        assert got.dtype == want.dtype and np.array_equal(got, want) and a.standard_normal() == b.standard_normal()
