@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
         run_system(sp, api.inputs_for(graph if check else None, decl, 0), workers=workers)
     t0 = time.perf_counter()                # as lpu run: workers start first, the values are made meanwhile
     started = start(sp, decl.symbols, workers)
-    values = api.inputs_for(graph if check else None, decl, 0, into=started.arrays if started else None)
+    values = api.inputs_for(graph if check else None, decl, 0, into=started.arrays if started else None, defer=started)
     inputs = time.perf_counter() - t0
     r = run_system(sp, values, workers=workers, started=started)
     wall = time.perf_counter() - t0

@@ -20,11 +20,14 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
+
 from benchmarks import bounds as B
 from benchmarks.suite import ROOT, _child_env, failed, item
 
 SYSTEMS = os.path.join(ROOT, "programs", "systems")
 PUBLISHED = os.path.join(ROOT, "isa", "systems", "published.json")
+PAIRS = 7           # --workers 2 against one process: runs of each, alternating (a median: the machine is shared)
 
 
 def probe(*args, timeout=7200) -> dict:
@@ -148,11 +151,16 @@ def speed_tp(b, d) -> list:
     path, bundle = os.path.join(SYSTEMS, "llama2_7b_decode.lpu"), os.path.join(d, "llama_tp8.lpubin")
     b.log("emulation speed: llama2_7b_decode L=2 on 8 chips in tensor parallel, --workers 2")
     probe("compile", path, 8, bundle, "L=2", "--parallel=tp")
-    cold1, cold2 = probe("run", bundle, 0), probe("run", bundle, 2)
-    x = cold2["wall_s"] / cold1["wall_s"]
-    return [item("system", "system inputs + emulation: --workers 2 wall / one process (8 chips in tensor parallel)",
-                 round(x, 2), "x", "<= 0.65", x <= 0.65, one_process_s=round(cold1["wall_s"], 2),
-                 workers2_s=round(cold2["wall_s"], 2))]
+    ones, twos = [], []
+    for _ in range(PAIRS):              # alternating: a load that comes and goes falls on both
+        ones.append(probe("run", bundle, 0)["wall_s"])
+        twos.append(probe("run", bundle, 2)["wall_s"])
+    ratios = [b / a for a, b in zip(ones, twos)]
+    x = float(np.median(ratios))
+    return [item("system", f"system inputs + emulation: --workers 2 wall / one process (8 chips in tensor parallel, "
+                 f"median of {PAIRS} alternating pairs)", round(x, 2), "x", "<= 0.65", x <= 0.65,
+                 ratios=[round(r, 2) for r in ratios], one_process_s=[round(a, 2) for a in ones],
+                 workers2_s=[round(b, 2) for b in twos])]
 
 
 def speed(b, d) -> list:

@@ -8,8 +8,14 @@ bits of m are below (2**32 - r) % r. PCG64 makes its 32-bit outputs as the low, 
 half of each 64-bit output, keeping an unused high half in its state (`has_uint32`,
 `uinteger`). `draw` takes the 64-bit outputs in bulk (`random_raw`), applies the method in a
 jitted loop, and leaves the state as numpy's own draws would (the same outputs, the same half
-kept), so every later draw is the same too."""
+kept), so every later draw is the same too.
+
+`seek` puts a generator where the k-th of a run of such draws starts, assuming none of the
+draws before it is rejected (PCG64 `advance`); `Plan` and `draw_range` let processes make the
+parts of one run of draws at once (emulator/system.py), each checking that its part ends where
+`seek` says (else a draw was rejected: the parts after it are misplaced)."""
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -65,3 +71,57 @@ def draw(bitgen, lo: int, hi: int, out: np.ndarray) -> None:
     st = bitgen.state
     st["has_uint32"], st["uinteger"] = (1, int(left[0])) if len(left) else (0, 0)
     bitgen.state = st
+
+
+def seek(bitgen, state: dict, k: int) -> dict:
+    """Set bitgen (PCG64) to where the k-th 32-bit output after `state` is next, as if k draws
+    were made from `state` with none rejected; returns that state."""
+    bitgen.state = state
+    if k == 0:
+        return bitgen.state
+    k -= 1 if state["has_uint32"] else 0          # the kept high half comes first
+    raws, half = divmod(k, 2)
+    bitgen.advance(raws)                           # (it drops a kept half)
+    if half:                                       # the low half taken: the high half kept
+        raw = int(bitgen.random_raw(1)[0])
+        st = bitgen.state
+        st["has_uint32"], st["uinteger"] = 1, raw >> 32
+        bitgen.state = st
+    return bitgen.state
+
+
+def same_place(a: dict, b: dict) -> bool:
+    """Two PCG64 states that make the same draws from here on."""
+    return a["state"] == b["state"] and a["has_uint32"] == b["has_uint32"] and \
+        (not a["has_uint32"] or a["uinteger"] == b["uinteger"])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A run of n bounded draws in [lo, hi) from the PCG64 state `start`; `end`: the state after
+    them if none is rejected (`seek`). `make` is what a worker of emulator/system.py calls."""
+    start: dict
+    end: dict
+    n: int
+    lo: int
+    hi: int
+
+    def make(self, out: np.ndarray, k0: int, k1: int) -> bool:
+        return draw_range(self, out, k0, k1)
+
+
+def plan(bitgen, lo: int, hi: int, n: int) -> Plan:
+    """The Plan of the next n draws of bitgen, which is moved past them (as if none were rejected)."""
+    start = bitgen.state
+    return Plan(start, seek(bitgen, start, n), n, lo, hi)
+
+
+def draw_range(p: Plan, out: np.ndarray, k0: int, k1: int) -> bool:
+    """out[k0:k1] = draws k0 .. k1 - 1 of the plan (out: the run's 1-D array), made from the
+    place `seek` gives. False: a draw was rejected in them (they end elsewhere than `seek`
+    says), so these and every later draw of the stream may be misplaced."""
+    bitgen = np.random.PCG64()
+    seek(bitgen, p.start, k0)
+    draw(bitgen, p.lo, p.hi, out[k0:k1])
+    made = bitgen.state
+    return same_place(made, p.end if k1 == p.n else seek(bitgen, p.start, k1))

@@ -141,23 +141,48 @@ def random_integers(rng, shape, dtype, out: np.ndarray | None = None) -> np.ndar
     return out
 
 
-def random_values(graph: IRGraph, seed: int = 0, into: dict | None = None) -> dict[str, np.ndarray]:
+def normals(rng, shape, scale: float, convert, out: np.ndarray) -> np.ndarray:
+    """out[...] = convert(rng.standard_normal(shape) * scale), made CHUNK values at a time: the
+    same values (the draws are made value by value), without float64 temporaries of the whole
+    (Llama-2-7B's KV caches: 3 x 67 MB of fresh pages each)."""
+    flat = out.reshape(-1)
+    buf = np.empty(min(CHUNK, flat.size))
+    for i in range(0, flat.size, CHUNK):
+        b = buf[:min(CHUNK, flat.size - i)]
+        rng.standard_normal(out=b)
+        b *= scale
+        flat[i:i + len(b)] = convert(b)
+    return out
+
+
+def integers(rng, name: str, shape, dtype, out: np.ndarray | None, defer=None) -> np.ndarray:
+    """random_integers, or where `defer` takes the draws (`defer.draw(name, Plan)`: made by
+    other processes into `out`, emulator/system.py `Started`) only their Plan, the generator
+    moved past them as if none is rejected (`defer.check()` then says whether that held)."""
+    if defer is None or out is None or not draw_core.usable(rng.bit_generator, -8, 9) or not defer.takes(name):
+        return random_integers(rng, shape, dtype, out)
+    defer.draw(name, draw_core.plan(rng.bit_generator, -8, 9, out.size))
+    return out
+
+
+def random_values(graph: IRGraph, seed: int = 0, into: dict | None = None, defer=None) -> dict[str, np.ndarray]:
     """Deterministic values for every declared input, weight and state. Floats are N(0, 1)
     scaled by 1/sqrt(K) for matmul right operands (K = fan-in) and by 0.1 for other weights,
     so that deep programs stay well inside f16 range; integers are uniform in [-8, 8]. A value
-    is made in `into[name]` where that is an array of its shape and dtype."""
+    is made in `into[name]` where that is an array of its shape and dtype; integers there may
+    be made by other processes (`defer`: see `integers`), the same values."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, nid in graph.decls.items():
         n = graph.node(nid)
         at = into_array(into, name, n.shape, S.NP_DTYPE[n.dtype])
         if not S.is_float(n.dtype):
-            out[name] = random_integers(rng, n.shape, S.NP_DTYPE[n.dtype], at)
+            out[name] = integers(rng, name, n.shape, S.NP_DTYPE[n.dtype], at, defer)
             continue
         k = _matmul_fan_in(graph, nid)
         scale = 1.0 / np.sqrt(k) if k else (0.1 if n.op == "weight" else 1.0)
-        out[name] = S.convert(rng.standard_normal(n.shape) * scale, n.dtype)
-        if at is not None:
-            at[...] = out[name]
-            out[name] = at
+        at = np.empty(n.shape, S.NP_DTYPE[n.dtype]) if at is None else at
+        out[name] = normals(rng, n.shape, scale, lambda b, dt=n.dtype: S.convert(b, dt), at)
+    if defer is not None and not defer.check():      # a deferred draw was rejected: all made here
+        return random_values(graph, seed, into)
     return out

@@ -171,17 +171,28 @@ def _worker(conn, items, slot_cycles, trace, shared=None):
 
 def _ahead(conn, items, slot_cycles, trace, shared):
     """A worker started before the values exist makes its Group meanwhile (chips prepared, SRAM
-    images allocated and their pages touched, the jitted core loaded: ChipRun.warm) and loads
-    the images when the values arrive. A group of KEEP_BELOW instructions or more, which starts
-    its chips when they receive, only waits. None: the parent gave up."""
+    images allocated and their pages touched, the jitted core loaded: ChipRun.warm), makes its
+    part of the integer values it is asked to (`Started.draw`), and loads the images when the
+    values arrive. A group of KEEP_BELOW instructions or more, which starts its chips when they
+    receive, only waits. None: the parent gave up."""
     ahead = sum(len(p.op) for _, p, _ in items) < KEEP_BELOW
     if ahead:
         g = Group([(c, p, None) for c, p, _ in items], slot_cycles, trace)
         for r in g.runs.values():
             r.warm()
-    msg = conn.recv()
-    if msg[0] != "values":
-        return None
+    misplaced = []
+    while True:
+        msg = conn.recv()
+        if msg[0] == "draw":                 # (name, plan, k0, k1): values k0 .. k1 - 1 into the shared array
+            name, plan, k0, k1 = msg[1:]
+            if not plan.make(shared[name].reshape(-1), k0, k1):
+                misplaced.append(name)
+        elif msg[0] == "check":
+            conn.send(("ok", misplaced))
+        elif msg[0] == "values":
+            break
+        else:
+            return None
     values = {**shared, **msg[1]}
     items = [(c, p, chip_values(p, values, rows)) for c, p, rows in items]
     if not ahead:
@@ -251,6 +262,7 @@ class Started:
 
     def __init__(self, sp, symbols, workers: int, trace: bool):
         self.arrays = shared_arrays(symbols)
+        self.drawn = False
         ctx, n = mp.get_context("fork"), min(workers, len(sp.chips))
         items = [(c, p, _rows_of(sp, c)) for c, p in enumerate(sp.chips)]
         self.groups = []
@@ -260,6 +272,36 @@ class Started:
         except BaseException:
             self.close()
             raise
+
+    def takes(self, name: str) -> bool:
+        """Whether the workers can make the value `name`, a part each, in its shared array
+        (compiler/reference.py `integers`)."""
+        return name in self.arrays
+
+    def draw(self, name: str, plan) -> None:
+        """Ask the workers for the values of `plan`, an equal part each: plan.n values, of which
+        a worker makes k0 .. k1 - 1 with plan.make(the flat shared array, k0, k1), False when
+        they are not where the plan said (compiler/draw_core.py Plan)."""
+        n, k = plan.n, len(self.groups)
+        self.drawn = True
+        for i, g in enumerate(self.groups):
+            try:
+                g.conn.send(("draw", name, plan, n * i // k, n * (i + 1) // k))
+            except OSError:                 # it has failed: check() reads why
+                pass
+
+    def check(self) -> bool:
+        """After the draws asked for: whether every part ended where its plan said (no draw
+        rejected: every value after them is in place)."""
+        if not self.drawn:
+            return True
+        self.drawn = False
+        for g in self.groups:
+            try:
+                g.conn.send(("check",))
+            except OSError:
+                pass
+        return not any([g._get() for g in self.groups])
 
     def give(self, values: dict) -> list:
         """Hand every worker the values (those not written into `arrays` go by pipe)."""

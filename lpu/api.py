@@ -95,10 +95,11 @@ def graph_of_binary(prog: Program) -> IRGraph | None:
 
 
 def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict | None = None,
-               source: str = "--inputs", into: dict | None = None) -> dict:
+               source: str = "--inputs", into: dict | None = None, defer=None) -> dict:
     """Values for every input, weight and state: the given ones, the rest from `seed` (made in
     `into[name]` where that is an array of the value's shape and dtype: emulator/system.py
-    `start`). `source` names where `given` came from, in error messages."""
+    `start`; integers there by its workers with `defer`, the same values: compiler/reference.py
+    `integers`). `source` names where `given` came from, in error messages."""
     given = dict(given or {})
     declared = {s.name: s for s in prog.symbols if s.kind in ("input", "weight", "state")}
     unknown = sorted(set(given) - set(declared))
@@ -109,22 +110,9 @@ def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict 
                        f"(it declares {', '.join(sorted(declared)) or 'nothing'})" + (f"; {hint}" if hint else ""))
     if graph is not None:
         from lpu.compiler.reference import random_values
-        values = random_values(graph, seed, into)
+        values = random_values(graph, seed, into, defer)
     else:
-        from lpu.compiler.reference import into_array, random_integers
-        rng = np.random.default_rng(seed)
-        values = {}
-        for s in declared.values():
-            if s.dtype in ("i8", "i32"):
-                dt = np.int8 if s.dtype == "i8" else np.int32
-                values[s.name] = random_integers(rng, s.shape, dt, into_array(into, s.name, s.shape, dt))
-            else:
-                dt = np.float16 if s.dtype == "f16" else np.float32
-                values[s.name] = (rng.standard_normal(s.shape) * 0.1).astype(dt)
-                at = into_array(into, s.name, s.shape, dt)
-                if at is not None:
-                    at[...] = values[s.name]
-                    values[s.name] = at
+        values = _declared_values(declared, seed, into, defer)
     for name, arr in given.items():
         sym = declared[name]
         arr = np.asarray(arr)
@@ -147,6 +135,25 @@ def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict 
             values[name] = arr.astype(values[name].dtype if name in values else arr.dtype)
         if values[name].dtype.kind == "f" and not np.all(np.isfinite(values[name])):
             raise LpuError(f"{source}: '{name}' holds values too large for {sym.dtype}")
+    return values
+
+
+def _declared_values(declared: dict, seed: int, into: dict | None, defer=None) -> dict:
+    """Values from the symbols alone (no graph): integers in [-8, 8], floats N(0, 0.1)."""
+    from lpu.compiler.reference import integers, into_array, normals
+    rng = np.random.default_rng(seed)
+    values = {}
+    for s in declared.values():
+        if s.dtype in ("i8", "i32"):
+            dt = np.int8 if s.dtype == "i8" else np.int32
+            values[s.name] = integers(rng, s.name, s.shape, dt, into_array(into, s.name, s.shape, dt), defer)
+        else:
+            dt = np.float16 if s.dtype == "f16" else np.float32
+            at = into_array(into, s.name, s.shape, dt)
+            values[s.name] = normals(rng, s.shape, 0.1, lambda b, dt=dt: b.astype(dt),
+                                     np.empty(s.shape, dt) if at is None else at)
+    if defer is not None and not defer.check():      # a deferred draw was rejected: all made here
+        return _declared_values(declared, seed, into)
     return values
 
 

@@ -200,7 +200,7 @@ def cmd_run(a, stats) -> int:
         started = workers[0] if workers else None
         given = api.load_npz(a.inputs, None) if a.inputs else {}
         values = api.inputs_for(graph, decl, a.seed, given, f"--inputs {a.inputs}",
-                                started.arrays if started else None)
+                                started.arrays if started else None, started)
         inputs_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         with progress.stage(f"emulating {len(sp.chips)} chips, {sp.predicted_cycles:,} cycles"):

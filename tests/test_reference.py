@@ -240,3 +240,37 @@ def test_integer_draws_equal_numpys():
             draw_core.draw(b.bit_generator, lo, hi, out)
             assert np.array_equal(out, a.integers(lo, hi, size=n))
             assert np.array_equal(a.standard_normal(3), b.standard_normal(3)) and a.integers(0, 5) == b.integers(0, 5)
+
+
+def test_draws_made_in_parts_from_their_plan():
+    """compiler/draw_core.py Plan: the parts of a run of draws made each from its place (`seek`,
+    after a kept half too) are numpy's draws; a part with a rejected draw says so (it ends
+    elsewhere), and so may every part after it."""
+    from lpu.compiler import draw_core
+    for lo, hi, n, half in ((-8, 9, 10_001, 0), (-8, 9, 10_001, 1), (0, 3_000_000_000, 1_000, 0)):
+        a, b = np.random.default_rng(3), np.random.default_rng(3)
+        if half:                                  # a 32-bit draw keeps the other half of its output
+            a.integers(0, 5, dtype=np.int32), b.integers(0, 5, dtype=np.int32)
+        assert b.bit_generator.state["has_uint32"] == half
+        want = a.integers(lo, hi, size=n)
+        p = draw_core.plan(b.bit_generator, lo, hi, n)
+        out = np.zeros(n, np.int64)
+        cuts = (0, 1, 2, 777, 5_000, n)
+        ok = [draw_core.draw_range(p, out, k0, k1) for k0, k1 in zip(cuts, cuts[1:])]
+        if lo == -8:                              # 17 values: a draw is rejected once in 2**32
+            assert all(ok) and np.array_equal(out, want)
+            assert draw_core.same_place(b.bit_generator.state, a.bit_generator.state)
+            assert a.standard_normal() == b.standard_normal()
+        else:                                     # a third rejected: parts misplaced, and said so
+            assert not all(ok) and np.array_equal(out[:1], want[:1]) and not np.array_equal(out, want)
+
+
+def test_normals_in_chunks_are_one_draws():
+    """reference.normals: made CHUNK values at a time, the values of one draw of the whole, and
+    the generator left in the same place."""
+    from lpu.compiler.reference import CHUNK, normals
+    for shape, scale, dtype in (((2, CHUNK // 2 + 3), 0.1, "f16"), ((5,), 1 / np.sqrt(7), "f32"), ((3,), 1.0, "bf16")):
+        a, b = np.random.default_rng(2), np.random.default_rng(2)
+        want = S.convert(a.standard_normal(shape) * scale, dtype)
+        got = normals(b, shape, scale, lambda x: S.convert(x, dtype), np.empty(shape, S.NP_DTYPE[dtype]))
+        assert got.dtype == want.dtype and np.array_equal(got, want) and a.standard_normal() == b.standard_normal()

@@ -78,16 +78,31 @@ def test_workers_give_the_same_result(llama4):
     assert all(np.array_equal(one.states[k], two.states[k]) for k in one.states)
 
 
-def test_workers_started_before_the_values(llama4):
+@pytest.mark.parametrize("misplaced", [False, True])
+def test_workers_started_before_the_values(llama4, monkeypatch, misplaced):
     """lpu run --workers: the workers start (and prepare) while the values are made in the shared
-    arrays; a value made elsewhere (given) goes by pipe. The same result as one process."""
+    arrays, the integers by the workers, a part each; a value made elsewhere (given) goes by pipe.
+    The same values and result as one process; also when a worker's part ends elsewhere than
+    planned (a rejected draw: every value is then made again in this process)."""
     from lpu.cmd_system import declared
+    from lpu.compiler import draw_core
     from lpu.emulator.system import start
     g, sp = llama4
+    asked = []
+    if misplaced:                     # the first part of each run made wrong, and said so (forked: the workers see it)
+        def make(plan, out, k0, k1, real=draw_core.Plan.make):
+            real(plan, out, k0, k1)
+            out[k0:k1] = 99 if k0 == 0 else out[k0:k1]
+            return k0 > 0
+        monkeypatch.setattr(draw_core.Plan, "make", make)
     started = start(sp, declared(sp).symbols, 2)
     assert started is not None and len(started.groups) == 2
-    vals = api.inputs_for(g, declared(sp), 5, into=started.arrays)
+    monkeypatch.setattr(started, "draw", lambda name, plan, draw=started.draw: asked.append(name) or draw(name, plan))
+    vals = api.inputs_for(g, declared(sp), 5, into=started.arrays, defer=started)
+    assert asked == ["wq", "wk", "wv", "wo", "wg", "wu", "wd"]
     assert vals["wq"] is started.arrays["wq"] and vals["kc"] is started.arrays["kc"]
+    ref = random_values(g, 5)
+    assert all(np.array_equal(vals[k], ref[k]) for k in ref)
     vals["x"] = vals["x"] + np.float16(0.5)              # not in the shared arrays: sent
     two = run_system(sp, vals, started=started)
     one = run_system(sp, {k: np.array(v) for k, v in vals.items()})
