@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit
 
 from lpu.emulator.arith import D_I8, f16_value, wrap32
+from lpu.emulator.blas import dgemm
 from lpu.emulator.core_streams import H_FLUSH
 
 MANTISSA = 53             # bits of a float64 significand
@@ -338,22 +339,16 @@ def column_norms(w, out):
 
 def blas_products(x, w, dt, wnorm, wcols):
     """The contract's results for every row of x, computed with one float64 BLAS product over
-    the `support` (on the host: numba's np.dot would need SciPy), settled (f16) or exact
-    already (i8)."""
+    the `support` by numpy (on the host, where the core cannot call numpy's BLAS: emulator/blas.py;
+    w: float32 weights, taken as float64), settled (f16) or exact already (i8)."""
     n, kk = x.shape
     act = np.empty(kk, np.int64)
     na, lo, hi, _ = support(x, n, wcols, wnorm, act)
-    with np.errstate(invalid="ignore"):
-        if na == kk and lo == 0 and hi == w.shape[1]:
-            y = x @ w
-        else:
-            y = np.zeros((n, w.shape[1]))
-            if na and hi > lo and act[na - 1] - act[0] == na - 1:   # a run of lanes (a half ABC, heads):
-                a = act[0]                                           # views that BLAS reads in place
-                np.matmul(x[:, a:a + na], w[a:a + na, lo:hi], out=y[:, lo:hi])
-            elif na and hi > lo:
-                rows = act[:na]
-                y[:, lo:hi] = x[:, rows] @ w[rows, lo:hi]
+    y = np.zeros((n, w.shape[1]))
+    if na and hi > lo:
+        rows = act[:na]
+        with np.errstate(invalid="ignore"):
+            y[:, lo:hi] = x[:, rows] @ w[rows, lo:hi].astype(np.float64)
     if dt != D_I8:
         settle(x, n, w, wnorm, y, lo, hi, act, na)
     return y
@@ -379,24 +374,54 @@ def accumulate(acc_bits, meta, n, y):
 
 
 @njit(cache=True)
-def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_work, hz):
-    """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
-    hz = H_FLUSH, plane) where the batch's multiply-adds (rows times its `support`: a half ABC
-    has half the lanes) are at least `bulk_work`: the host does it then with BLAS (run.py, the
-    same bits: docs/accumulation.md) and resumes at the same instruction. Smaller batches: in
-    lane order and settled, or (bulk_work == 0) the exact row path."""
+def blas_over(fn, x, n, w, dt, y, wbuf, wnorm, act, na, lo, hi):
+    """y[:n] = the contract's results for the rows b < n of x over the `support` (act[:na],
+    [lo, hi)), by one float64 BLAS product in the core (fn: `blas.dgemm_address`; the weights
+    w[act[:na], lo:hi] taken as float64 in wbuf), settled (f16) or exact already (i8)."""
+    y[:n] = 0.0
+    if na and hi > lo:
+        ws = wbuf[:na, :hi - lo]
+        for j in range(na):
+            row, dst = w[act[j], lo:hi], ws[j]
+            for m in range(hi - lo):
+                dst[m] = row[m]
+        a = act[0]
+        if act[na - 1] - a == na - 1:       # a run of lanes (all of them, a half ABC, heads): a view
+            dgemm(fn, x[:n, a:a + na], ws, y[:n, lo:hi])
+        else:
+            xs = np.empty((n, na))
+            for b in range(n):
+                for j in range(na):
+                    xs[b, j] = x[b, act[j]]
+            dgemm(fn, xs, ws, y[:n, lo:hi])
+    if dt != D_I8:
+        settle(x, n, w, wnorm, y, lo, hi, act, na)
+
+
+@njit(cache=True)
+def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
+    """Multiply out the plane's pending ABCs and apply them to its accumulators. bulk = (work,
+    dgemm): a batch of at least `work` multiply-adds (rows times its `support`: a half ABC has
+    half the lanes) is one BLAS product (the same bits: docs/accumulation.md), here with the
+    BLAS at address `dgemm` (`blas.dgemm_address`; wbuf: float64 scratch [lanes, lanes] for the
+    weights), or, where that is 0, by the host (False,
+    hz = H_FLUSH, plane: run.py `_bulk`, then the run resumes at the same instruction). Smaller
+    batches: in lane order and settled, or (work == 0) the exact row path."""
     n = pend_n[plane]
     if n == 0:
         return True
     x = pend_x[plane]
-    if bulk_work == 0:
+    if bulk[0] == 0:
         products(x, n, wts32[plane], wdt[plane], ybuf, True, wnorm[plane], wcols[plane], act)
     else:
         na, lo, hi, finite = support(x, n, wcols[plane], wnorm[plane], act)
-        if n * na * (hi - lo) >= bulk_work:
+        if n * na * (hi - lo) < bulk[0]:
+            products_over(x, n, wts32[plane], wdt[plane], ybuf, wnorm[plane], wcols[plane], finite, act, na, lo, hi)
+        elif bulk[1] != 0:
+            blas_over(bulk[1], x, n, wts32[plane], wdt[plane], ybuf, wbuf, wnorm[plane], act, na, lo, hi)
+        else:
             hz[0], hz[3] = H_FLUSH, plane
             return False
-        products_over(x, n, wts32[plane], wdt[plane], ybuf, wnorm[plane], wcols[plane], finite, act, na, lo, hi)
     accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
     return True
