@@ -29,6 +29,8 @@ from lpu.emulator.core_streams import H_FLUSH
 MANTISSA = 53             # bits of a float64 significand
 F16_FRACTION = 10         # bits of an f16 significand after the leading one
 F16_GRAIN = -24           # an f16 value is a multiple of 2^-24 (the smallest subnormal)
+F64_INF = 0x7FF0000000000000            # the bits of +inf, and the mask of a float64's magnitude
+F64_MAGNITUDE = 0x7FFFFFFFFFFFFFFF
 
 
 @njit(cache=True, inline="always")
@@ -227,6 +229,33 @@ def products_over(x, n, w, dt, y, wnorm, wcols, tight, act, na, clo, chi):
         settle(x, n, w, wnorm, y, clo, chi, act, na)
 
 
+@njit(cache=True, fastmath={"reassoc"})
+def sum_squares(v):
+    """The sum of v[j]^2 in any order (vectorized): within a relative 2^-44 of the exact sum for
+    the lanes of a machine (a bound of (len - 1) 2^-53), covered by `settle`'s margin."""
+    s = 0.0
+    for j in range(v.shape[0]):
+        s += v[j] * v[j]
+    return s
+
+
+@njit(cache=True)
+def smallest_bits(bits):
+    """The bit pattern of the smallest nonzero magnitude among float64 values (their bits as
+    int64; F64_INF if none): a minimum of integers, which vectorizes."""
+    small = F64_INF
+    for j in range(bits.shape[0]):
+        v = bits[j] & F64_MAGNITUDE
+        small = min(small, v if v != 0 else F64_INF)
+    return small
+
+
+@njit(cache=True)
+def grain_of_bits(bits):
+    """`grain` of a normal float64 given by its bit pattern (every f16 value is normal in it)."""
+    return 2.0 ** max(((bits >> 52) - 1023) - F16_FRACTION, F16_GRAIN)
+
+
 @njit(cache=True)
 def settle(x, n, w, wnorm, y, clo, chi, act, na):
     """Turn the float64 BLAS product y = x[:n] @ w (f16 operands) in the columns [clo, chi) into
@@ -241,32 +270,33 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na):
     - bounded: the error of any order's float64 sum of the na products is at most
       (na - 1) 2^-53 / (1 - na 2^-53) sum |p| <= e = na 2^-53 |x[b]|_2 |w[:, n]|_2; where
       f32(y - e) == f32(y + e), rounding being monotone, the exact sum rounds to that f32.
-    (Per row, one branch-free pass that vectorizes marks the doubtful elements; a second visits
-    them only if there are any.)"""
+    A row whose products are proved exact in every column at once (|x[b]|_2 r <= 2^53 grain(x[b])
+    with r the largest |w[:, n]|_2 / grain(w[:, n]), a quotient by a power of two: exact, so each
+    column's own test holds too) is only rounded. Else, per row, one branch-free pass that
+    vectorizes marks the doubtful elements; a second visits them only if there are any.)"""
     k = w.shape[0]
     cs = split_scale(k)
     c = na * 2.0 ** -MANTISSA
     redo = 0
     doubt = np.zeros(max(chi - clo, 0), np.uint8)
     wn, wg = wnorm[0, clo:chi], wnorm[1, clo:chi]
+    ratio, finite = 0.0, True
+    for m in range(chi - clo):
+        r = wn[m] / wg[m]
+        finite &= r < np.inf
+        ratio = max(ratio, r)
+    xbits = x.view(np.int64)
     for b in range(n):
         xb = x[b]
-        s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0       # |x|^2 in four sums, and the smallest nonzero |x|
-        small = np.inf
-        j = 0
-        while j + 4 <= k:
-            v0, v1, v2, v3 = abs(xb[j]), abs(xb[j + 1]), abs(xb[j + 2]), abs(xb[j + 3])
-            s0, s1, s2, s3 = s0 + v0 * v0, s1 + v1 * v1, s2 + v2 * v2, s3 + v3 * v3
-            small = min(min(small, min(v0 if v0 != 0.0 else np.inf, v1 if v1 != 0.0 else np.inf)),
-                        min(v2 if v2 != 0.0 else np.inf, v3 if v3 != 0.0 else np.inf))
-            j += 4
-        for j in range(j, k):
-            v = abs(xb[j])
-            s0 += v * v
-            small = min(small, v if v != 0.0 else np.inf)
-        xn = np.sqrt((s0 + s1) + (s2 + s3)) * (1.0 + 2.0 ** -30)    # an upper bound of |x|_2
-        xe, xg = xn * c, 2.0 ** MANTISSA * grain(small)
+        xn = np.sqrt(sum_squares(xb)) * (1.0 + 2.0 ** -30)    # an upper bound of |x|_2
+        small = smallest_bits(xbits[b])
+        xe = xn * c
+        xg = 2.0 ** MANTISSA * (grain_of_bits(small) if small < F64_INF else 1.0)
         yb = y[b, clo:chi]
+        if finite and xn * ratio <= xg:
+            for m in range(chi - clo):
+                yb[m] = np.float64(np.float32(yb[m])) + 0.0
+            continue
         nd = 0
         for m in range(chi - clo):
             v = yb[m]
