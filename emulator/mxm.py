@@ -1,5 +1,5 @@
 """Jitted MXM arithmetic of the core (emulator/core.py): weight install, the products of pending
-ABCs (`flush`: in the core, or handed to the host by its work), accumulation.
+ABCs (`flush`: short batches in lane order, large ones by BLAS, `blas_over`), accumulation.
 
 The accumulation contract (docs/accumulation.md): an ABC's dot product over the lanes is the
 EXACT sum of the exact products x[k] * w[k, n], rounded once to f32 (nearest even) for f16, or
@@ -8,7 +8,8 @@ when `accum`. The order of the additions does not enter, so every exact method g
 
 - `products` (every batch with run(..., bulk=False), and short batches): each element summed
   exactly in two float64 accumulators (`exact_dot`), then correctly rounded (`round_f32`);
-- `settle` after a BLAS product (`x @ w` in float64, emulator/run.py): where the products'
+- `settle` after a BLAS product (`x @ w` in float64: numpy's BLAS called from the core,
+  emulator/blas.py, or numpy on the host, emulator/run.py): where the products'
   grains and norms prove every partial sum exact, or where every value within the error bound
   of any order's sum (na * 2^-53 * |x|_2 |w[:, n]|_2) rounds to the same f32, that f32 is the
   rounding of the exact sum. The few other elements (cancellation, a sum within the bound of an

@@ -281,6 +281,17 @@ def test_bundled_programs_bulk_equals_row(name, tsp):
     _bulk_equals_row(name, tsp)
 
 
+def test_host_blas_equals_row(tsp, monkeypatch):
+    """Where the core cannot call numpy's BLAS (`blas.dgemm_address` 0: another BLAS), it hands
+    each large batch to the host (run._bulk): the same bits."""
+    from lpu.emulator import run as R
+    calls = []
+    monkeypatch.setattr(blas, "dgemm_address", lambda: 0)
+    monkeypatch.setattr(R, "_bulk", lambda ws, plane, bulk=R._bulk: calls.append(plane) or bulk(ws, plane))
+    _bulk_equals_row("mlp", tsp)
+    assert calls
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["attention_prefill", "gpt2_block_prefill", "llama_block_prefill",
                                   "llama_block_decode"])
