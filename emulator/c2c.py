@@ -51,7 +51,7 @@ class ChipRun:
                                             m.acc_rows, m.mem_slices, m.banks_per_slice)
         else:
             core.reset(prep.workspace)
-        self.bulk = R.BULK_WORK if bulk else 0
+        self.bulk = R.bulk_args(bulk)
         self.at = 0
         self.done = False
         c2c = prep.cunit == core.U_C2C

@@ -167,12 +167,12 @@ def lw_exec(a, plane, p, t, ex, lanes, spd, ring, lbuf, lw_dt, ord_lw, sa, hz):
 
 
 @njit(cache=True)
-def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm, wcols, wdt, busy,
-             acc_bits, acc_kind, acc_ready, ord_acc, ord_last, sa, pend_x, pend_meta, pend_n, ybuf, act, bulk_work,
+def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm, wcols, wbuf, wdt, busy,
+             acc_bits, acc_kind, acc_ready, ord_acc, ord_last, sa, pend_x, pend_meta, pend_n, ybuf, act, bulk,
              hz, counters):
     """ABC: timing, hazards, the operand; the product joins the plane's batch (mxm.flush)."""
     if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta,
-                                                     pend_n, ybuf, act, acc_bits, bulk_work, hz):
+                                                     pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
         return False
     ref, row, accum, half = a[0], a[1], a[2], a[3]
     if not mxm_input_ok(ref, plane, spd):
@@ -228,11 +228,11 @@ def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, w
 
 @njit(cache=True)
 def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_dt, wts32, wnorm, wcols,
-             wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x, pend_meta, pend_n, ybuf, act,
-             bulk_work, hz):
+             wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x, pend_meta, pend_n, ybuf, act,
+             bulk, hz):
     """IW and ACC (LW and ABC: `lw_exec`, `abc_exec`)."""
     if op == C_IW:
-        if not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_work, hz):
+        if not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
             return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
@@ -256,7 +256,6 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
         busy[plane] = t + 1
         install(lbuf[plane], dt, trans != 0, lanes, wts32[plane], wnorm[plane], wcols[plane])
         wdt[plane] = dt
-        wfresh[plane] = 0
         return True
     row, ref = a[0], a[1]  # ACC: the batch is multiplied out first if one of its ABCs writes this row (the
     waits = False          # other rows are not observable before their own ACC)
@@ -264,7 +263,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
         if pend_meta[plane, b, 0] == row:
             waits = True
             break
-    if waits and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_work, hz):
+    if waits and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
         return False
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
@@ -366,7 +365,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.full((slices, banks), -1, np.int64),               # bank_last
             np.zeros((nplanes, 2, lanes, lanes), np.uint8),       # lbuf: [plane, byte plane, row, lane]
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
-            np.zeros((nplanes, lanes, lanes), np.float64),        # wts: float64 copy of wts32 for BLAS (run._bulk)
+            np.zeros((lanes, lanes), np.float64),                 # wbuf: weights as float64 for BLAS (mxm.blas_over)
             np.zeros((nplanes, lanes, lanes), np.float32),        # wts32: installed weights (f16, i8: exact)
             np.zeros((nplanes, 2, lanes), np.float64),            # wnorm: column norms and grains of the weights
             np.full(nplanes, -1, np.int64),                       # wdt
@@ -381,8 +380,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             (np.full((nplanes, lanes), -1, np.int64),             # order: the LW each buffer row waits to install,
              np.zeros((nplanes, acc_rows), np.int64),             #   accumulator rows (0 unused, 1 result pending,
              np.full((nplanes, acc_rows), -1, np.int64)),         #   2 read out) and each row's last ABC
-            np.zeros((nplanes, lanes, 2), np.int64),              # wcols: columns of each weight row's nonzeros
-            np.zeros(nplanes, np.int64),                          # wfresh: wts holds the installed weights
+            np.zeros((nplanes, lanes, 2), np.int64),               # wcols: columns of each weight row's nonzeros
             np.zeros((ABC_BATCH, lanes), np.float64))             # ybuf: a batch's products (scratch, here
                                                                   #   not per call: 142 calls a run of bert_base
                                                                   #   L=1 zeroed 320 KB each, 1.2 ms)
@@ -390,22 +388,22 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
 
 def reset(ws):
     """Back to the state of a machine that has run nothing (what a run can observe). Not cleared
-    (5 MB on tsp-v1): the installed weights (wts32, wts, wnorm, wcols), which every IW writes
+    (3 MB on tsp-v1): the installed weights (wts32, wnorm, wcols), which every IW writes
     in full, and an ABC before the first IW is a dtype hazard (wdt = -1). (Clearing only the
     accumulator rows an ABC wrote measured slower: the run after it was ~7% slower, bert_base.)"""
     (ring, bank_last, lbuf, lw_dt, _, _, _, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n,
-     order, _, wfresh, _) = ws
+     order, _, _) = ws
     ring[0].fill(NO_DIAG)
     ring[4].fill(0)
     ring[5].fill(-1)
     for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wdt, -1), (busy, 0), (acc_bits, 0), (acc_kind, -1),
-                 (acc_ready, 0), (tbuf, 0), (pend_n, 0), (order[0], -1), (order[1], 0), (order[2], -1), (wfresh, 0)):
+                 (acc_ready, 0), (tbuf, 0), (pend_n, 0), (order[0], -1), (order[1], 0), (order[2], -1)):
         a.fill(v)
 
 
 @njit(cache=True)
 def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles,
-            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, links, bulk_work, hz, counters):
+            naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, links, bulk, hz, counters):
     """Execute the sorted instruction list from `start`; returns where it stopped: the end, the
     instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
     H_FLUSH: call again from there), or a RECV at or after the window's end (hz[0] == H_C2C: the
@@ -414,8 +412,8 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     with H_C2C). Dispatch is by each instruction's core
     unit (`cunit`), then by its core operation. (This function allocates the scratch vectors and
     keeps every array alive while `_loop` uses them borrowed: emulator/borrow.py.)"""
-    (ring, bank_last, lbuf, lw_dt, _, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta,
-     pend_n, order, wcols, wfresh, ybuf) = ws
+    (ring, bank_last, lbuf, lw_dt, wbuf, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x,
+     pend_meta, pend_n, order, wcols, ybuf) = ws
     act = np.zeros(lanes, np.int64)
     sa = np.zeros((4, lanes), np.uint8)
     sb = np.zeros((4, lanes), np.uint8)
@@ -427,16 +425,16 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     return _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles, naddr, bank_base,
                  bank_lo, mem, valid, tables, f16tab, ring[0], ring[1], ring[2], ring[3], ring[4], ring[5], bank_last, lbuf,
                  lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n,
-                 order[0], order[1], order[2], wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, links[0], links[1],
-                 links[2], links[3], links[4], links[5], links[6], links[7], links[8], bulk_work, hz, counters)
+                 order[0], order[1], order[2], wcols, wbuf, act, sa, sb, so, fa, fb, ia, u32, ybuf, links[0], links[1],
+                 links[2], links[3], links[4], links[5], links[6], links[7], links[8], bulk, hz, counters)
 
 
 @njit(cache=True)
 def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles, naddr, bank_base, bank_lo,
           mem, valid, tables, f16tab, ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, bank_last, lbuf, lw_dt, wts32,
           wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n, ord_lw, ord_acc, ord_last,
-          wcols, wfresh, act, sa, sb, so, fa, fb, ia, u32, ybuf, lk_ctl, lk_last, out_link, out_cycle, out_pay,
-          in_arrival, in_pay, in_head, in_tail, bulk_work, hz, counters):
+          wcols, wbuf, act, sa, sb, so, fa, fb, ia, u32, ybuf, lk_ctl, lk_last, out_link, out_cycle, out_pay,
+          in_arrival, in_pay, in_head, in_tail, bulk, hz, counters):
     """`execute`'s loop, on borrowed arrays (no reference counting: emulator/borrow.py)."""
     cyc, cop, cunit, uidx, upos, args, lat = (borrowed(cyc), borrowed(cop), borrowed(cunit), borrowed(uidx),
                                               borrowed(upos), borrowed(args), borrowed(lat))
@@ -448,8 +446,8 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
                                                  borrowed(wts32), borrowed(wnorm), borrowed(wdt))
     busy, acc_bits, acc_kind, acc_ready, tbuf = (borrowed(busy), borrowed(acc_bits), borrowed(acc_kind),
                                                  borrowed(acc_ready), borrowed(tbuf))
-    pend_x, pend_meta, pend_n, wcols, wfresh = (borrowed(pend_x), borrowed(pend_meta), borrowed(pend_n),
-                                                borrowed(wcols), borrowed(wfresh))
+    pend_x, pend_meta, pend_n, wcols, wbuf = (borrowed(pend_x), borrowed(pend_meta), borrowed(pend_n),
+                                              borrowed(wcols), borrowed(wbuf))
     order = (borrowed(ord_lw), borrowed(ord_acc), borrowed(ord_last))
     act, sa, sb, so, fa, fb, ia, u32, ybuf = (borrowed(act), borrowed(sa), borrowed(sb), borrowed(so), borrowed(fa),
                                               borrowed(fb), borrowed(ia), borrowed(u32), borrowed(ybuf))
@@ -474,12 +472,12 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
             ok = lw_exec(a, uidx[i], p, t, i, lanes, spd, ring, lbuf, lw_dt, order[0], sa, hz)
         elif u == U_MXM and op == C_ABC:
             ok = abc_exec(a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm,
-                          wcols, wdt, busy, acc_bits, acc_kind, acc_ready, order[1], order[2], sa, pend_x, pend_meta,
-                          pend_n, ybuf, act, bulk_work, hz, counters)
+                          wcols, wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order[1], order[2], sa, pend_x, pend_meta,
+                          pend_n, ybuf, act, bulk, hz, counters)
         elif u == U_MXM:
             ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, ring, lbuf, lw_dt, wts32,
-                          wnorm, wcols, wfresh, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x,
-                          pend_meta, pend_n, ybuf, act, bulk_work, hz)
+                          wnorm, wcols, wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x,
+                          pend_meta, pend_n, ybuf, act, bulk, hz)
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)

@@ -1,5 +1,5 @@
 """Jitted MXM arithmetic of the core (emulator/core.py): weight install, the products of pending
-ABCs (`flush`: in the core, or handed to the host by its work), accumulation.
+ABCs (`flush`: short batches in lane order, large ones by BLAS, `blas_over`), accumulation.
 
 The accumulation contract (docs/accumulation.md): an ABC's dot product over the lanes is the
 EXACT sum of the exact products x[k] * w[k, n], rounded once to f32 (nearest even) for f16, or
@@ -8,7 +8,8 @@ when `accum`. The order of the additions does not enter, so every exact method g
 
 - `products` (every batch with run(..., bulk=False), and short batches): each element summed
   exactly in two float64 accumulators (`exact_dot`), then correctly rounded (`round_f32`);
-- `settle` after a BLAS product (`x @ w` in float64, emulator/run.py): where the products'
+- `settle` after a BLAS product (`x @ w` in float64: numpy's BLAS called from the core,
+  emulator/blas.py, or numpy on the host, emulator/run.py): where the products'
   grains and norms prove every partial sum exact, or where every value within the error bound
   of any order's sum (na * 2^-53 * |x|_2 |w[:, n]|_2) rounds to the same f32, that f32 is the
   rounding of the exact sum. The few other elements (cancellation, a sum within the bound of an
@@ -23,11 +24,14 @@ import numpy as np
 from numba import njit
 
 from lpu.emulator.arith import D_I8, f16_value, wrap32
+from lpu.emulator.blas import dgemm
 from lpu.emulator.core_streams import H_FLUSH
 
 MANTISSA = 53             # bits of a float64 significand
 F16_FRACTION = 10         # bits of an f16 significand after the leading one
 F16_GRAIN = -24           # an f16 value is a multiple of 2^-24 (the smallest subnormal)
+F64_INF = 0x7FF0000000000000            # the bits of +inf, and the mask of a float64's magnitude
+F64_MAGNITUDE = 0x7FFFFFFFFFFFFFFF
 
 
 @njit(cache=True, inline="always")
@@ -228,6 +232,33 @@ def products_over(x, n, w, dt, y, wnorm, wcols, tight, act, na, clo, chi):
         settle(x, n, w, wnorm, y, clo, chi, act, na)
 
 
+@njit(cache=True, fastmath={"reassoc"})
+def sum_squares(v):
+    """The sum of v[j]^2 in any order (vectorized): within a relative 2^-44 of the exact sum for
+    the lanes of a machine (a bound of (len - 1) 2^-53), covered by `settle`'s margin."""
+    s = 0.0
+    for j in range(v.shape[0]):
+        s += v[j] * v[j]
+    return s
+
+
+@njit(cache=True)
+def smallest_bits(bits):
+    """The bit pattern of the smallest nonzero magnitude among float64 values (their bits as
+    int64; F64_INF if none): a minimum of integers, which vectorizes."""
+    small = F64_INF
+    for j in range(bits.shape[0]):
+        v = bits[j] & F64_MAGNITUDE
+        small = min(small, v if v != 0 else F64_INF)
+    return small
+
+
+@njit(cache=True)
+def grain_of_bits(bits):
+    """`grain` of a normal float64 given by its bit pattern (every f16 value is normal in it)."""
+    return 2.0 ** max(((bits >> 52) - 1023) - F16_FRACTION, F16_GRAIN)
+
+
 @njit(cache=True)
 def settle(x, n, w, wnorm, y, clo, chi, act, na):
     """Turn the float64 BLAS product y = x[:n] @ w (f16 operands) in the columns [clo, chi) into
@@ -242,32 +273,33 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na):
     - bounded: the error of any order's float64 sum of the na products is at most
       (na - 1) 2^-53 / (1 - na 2^-53) sum |p| <= e = na 2^-53 |x[b]|_2 |w[:, n]|_2; where
       f32(y - e) == f32(y + e), rounding being monotone, the exact sum rounds to that f32.
-    (Per row, one branch-free pass that vectorizes marks the doubtful elements; a second visits
-    them only if there are any.)"""
+    A row whose products are proved exact in every column at once (|x[b]|_2 r <= 2^53 grain(x[b])
+    with r the largest |w[:, n]|_2 / grain(w[:, n]), a quotient by a power of two: exact, so each
+    column's own test holds too) is only rounded. Else, per row, one branch-free pass that
+    vectorizes marks the doubtful elements; a second visits them only if there are any.)"""
     k = w.shape[0]
     cs = split_scale(k)
     c = na * 2.0 ** -MANTISSA
     redo = 0
     doubt = np.zeros(max(chi - clo, 0), np.uint8)
     wn, wg = wnorm[0, clo:chi], wnorm[1, clo:chi]
+    ratio, finite = 0.0, True
+    for m in range(chi - clo):
+        r = wn[m] / wg[m]
+        finite &= r < np.inf
+        ratio = max(ratio, r)
+    xbits = x.view(np.int64)
     for b in range(n):
         xb = x[b]
-        s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0       # |x|^2 in four sums, and the smallest nonzero |x|
-        small = np.inf
-        j = 0
-        while j + 4 <= k:
-            v0, v1, v2, v3 = abs(xb[j]), abs(xb[j + 1]), abs(xb[j + 2]), abs(xb[j + 3])
-            s0, s1, s2, s3 = s0 + v0 * v0, s1 + v1 * v1, s2 + v2 * v2, s3 + v3 * v3
-            small = min(min(small, min(v0 if v0 != 0.0 else np.inf, v1 if v1 != 0.0 else np.inf)),
-                        min(v2 if v2 != 0.0 else np.inf, v3 if v3 != 0.0 else np.inf))
-            j += 4
-        for j in range(j, k):
-            v = abs(xb[j])
-            s0 += v * v
-            small = min(small, v if v != 0.0 else np.inf)
-        xn = np.sqrt((s0 + s1) + (s2 + s3)) * (1.0 + 2.0 ** -30)    # an upper bound of |x|_2
-        xe, xg = xn * c, 2.0 ** MANTISSA * grain(small)
+        xn = np.sqrt(sum_squares(xb)) * (1.0 + 2.0 ** -30)    # an upper bound of |x|_2
+        small = smallest_bits(xbits[b])
+        xe = xn * c
+        xg = 2.0 ** MANTISSA * (grain_of_bits(small) if small < F64_INF else 1.0)
         yb = y[b, clo:chi]
+        if finite and xn * ratio <= xg:
+            for m in range(chi - clo):
+                yb[m] = np.float64(np.float32(yb[m])) + 0.0
+            continue
         nd = 0
         for m in range(chi - clo):
             v = yb[m]
@@ -340,22 +372,16 @@ def column_norms(w, out):
 
 def blas_products(x, w, dt, wnorm, wcols):
     """The contract's results for every row of x, computed with one float64 BLAS product over
-    the `support` (on the host: numba's np.dot would need SciPy), settled (f16) or exact
-    already (i8)."""
+    the `support` by numpy (on the host, where the core cannot call numpy's BLAS: emulator/blas.py;
+    w: float32 weights, taken as float64), settled (f16) or exact already (i8)."""
     n, kk = x.shape
     act = np.empty(kk, np.int64)
     na, lo, hi, _ = support(x, n, wcols, wnorm, act)
-    with np.errstate(invalid="ignore"):
-        if na == kk and lo == 0 and hi == w.shape[1]:
-            y = x @ w
-        else:
-            y = np.zeros((n, w.shape[1]))
-            if na and hi > lo and act[na - 1] - act[0] == na - 1:   # a run of lanes (a half ABC, heads):
-                a = act[0]                                           # views that BLAS reads in place
-                np.matmul(x[:, a:a + na], w[a:a + na, lo:hi], out=y[:, lo:hi])
-            elif na and hi > lo:
-                rows = act[:na]
-                y[:, lo:hi] = x[:, rows] @ w[rows, lo:hi]
+    y = np.zeros((n, w.shape[1]))
+    if na and hi > lo:
+        rows = act[:na]
+        with np.errstate(invalid="ignore"):
+            y[:, lo:hi] = x[:, rows] @ w[rows, lo:hi].astype(np.float64)
     if dt != D_I8:
         settle(x, n, w, wnorm, y, lo, hi, act, na)
     return y
@@ -381,24 +407,54 @@ def accumulate(acc_bits, meta, n, y):
 
 
 @njit(cache=True)
-def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, act, acc_bits, bulk_work, hz):
-    """Multiply out the plane's pending ABCs and apply them to its accumulators; False (with
-    hz = H_FLUSH, plane) where the batch's multiply-adds (rows times its `support`: a half ABC
-    has half the lanes) are at least `bulk_work`: the host does it then with BLAS (run.py, the
-    same bits: docs/accumulation.md) and resumes at the same instruction. Smaller batches: in
-    lane order and settled, or (bulk_work == 0) the exact row path."""
+def blas_over(fn, x, n, w, dt, y, wbuf, wnorm, act, na, lo, hi):
+    """y[:n] = the contract's results for the rows b < n of x over the `support` (act[:na],
+    [lo, hi)), by one float64 BLAS product in the core (fn: `blas.dgemm_address`; the weights
+    w[act[:na], lo:hi] taken as float64 in wbuf), settled (f16) or exact already (i8)."""
+    y[:n] = 0.0
+    if na and hi > lo:
+        ws = wbuf[:na, :hi - lo]
+        for j in range(na):
+            row, dst = w[act[j], lo:hi], ws[j]
+            for m in range(hi - lo):
+                dst[m] = row[m]
+        a = act[0]
+        if act[na - 1] - a == na - 1:       # a run of lanes (all of them, a half ABC, heads): a view
+            dgemm(fn, x[:n, a:a + na], ws, y[:n, lo:hi])
+        else:
+            xs = np.empty((n, na))
+            for b in range(n):
+                for j in range(na):
+                    xs[b, j] = x[b, act[j]]
+            dgemm(fn, xs, ws, y[:n, lo:hi])
+    if dt != D_I8:
+        settle(x, n, w, wnorm, y, lo, hi, act, na)
+
+
+@njit(cache=True)
+def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
+    """Multiply out the plane's pending ABCs and apply them to its accumulators. bulk = (work,
+    dgemm): a batch of at least `work` multiply-adds (rows times its `support`: a half ABC has
+    half the lanes) is one BLAS product (the same bits: docs/accumulation.md), here with the
+    BLAS at address `dgemm` (`blas.dgemm_address`; wbuf: float64 scratch [lanes, lanes] for the
+    weights), or, where that is 0, by the host (False,
+    hz = H_FLUSH, plane: run.py `_bulk`, then the run resumes at the same instruction). Smaller
+    batches: in lane order and settled, or (work == 0) the exact row path."""
     n = pend_n[plane]
     if n == 0:
         return True
     x = pend_x[plane]
-    if bulk_work == 0:
+    if bulk[0] == 0:
         products(x, n, wts32[plane], wdt[plane], ybuf, True, wnorm[plane], wcols[plane], act)
     else:
         na, lo, hi, finite = support(x, n, wcols[plane], wnorm[plane], act)
-        if n * na * (hi - lo) >= bulk_work:
+        if n * na * (hi - lo) < bulk[0]:
+            products_over(x, n, wts32[plane], wdt[plane], ybuf, wnorm[plane], wcols[plane], finite, act, na, lo, hi)
+        elif bulk[1] != 0:
+            blas_over(bulk[1], x, n, wts32[plane], wdt[plane], ybuf, wbuf, wnorm[plane], act, na, lo, hi)
+        else:
             hz[0], hz[3] = H_FLUSH, plane
             return False
-        products_over(x, n, wts32[plane], wdt[plane], ybuf, wnorm[plane], wcols[plane], finite, act, na, lo, hi)
     accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
     return True

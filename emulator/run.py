@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpu.emulator import core, mxm, sram_core
+from lpu.emulator import blas, core, mxm, sram_core
 from lpu.emulator.core_links import NO_LINKS
 from lpu.emulator.prepare import Prepared, prepare
 from lpu.isa import opcodes as O
@@ -315,16 +315,20 @@ BULK_WORK = 1 << 19    # batches of this many multiply-adds or more are multipli
 
 
 def _bulk(ws, plane: int) -> None:
-    """Multiply out the pending ABCs of `plane` with one BLAS product (mxm.flush asked for it),
-    then settle it to the contract's bits (mxm.settle; i8: BLAS's float64 sum is exact)."""
-    _, _, _, _, wts, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _, wcols, wfresh, _ = ws
+    """Multiply out the pending ABCs of `plane` with one BLAS product (mxm.flush asked for it: the
+    core has no BLAS of its own, emulator/blas.py), then settle it to the contract's bits
+    (mxm.settle; i8: BLAS's float64 sum is exact)."""
+    _, _, _, _, _, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _, wcols, _ = ws
     n = int(pend_n[plane])
-    if not wfresh[plane]:                    # BLAS takes float64 (the same numbers), once per IW
-        np.copyto(wts[plane], wts32[plane])
-        wfresh[plane] = 1
-    y = mxm.blas_products(pend_x[plane, :n], wts[plane], wdt[plane], wnorm[plane], wcols[plane])
+    y = mxm.blas_products(pend_x[plane, :n], wts32[plane], wdt[plane], wnorm[plane], wcols[plane])
     mxm.accumulate(acc_bits[plane], pend_meta[plane], n, y)
     pend_n[plane] = 0
+
+
+def bulk_args(bulk: bool) -> np.ndarray:
+    """mxm.flush's `bulk`: (multiply-adds from which a batch goes to BLAS, the core's dgemm or 0);
+    (0, 0): every batch on the exact row path."""
+    return np.array([BULK_WORK, blas.dgemm_address()] if bulk else [0, 0], np.int64)
 
 
 def _unwritten_output(program: Program, prep, valid: np.ndarray, cycles: int) -> HazardError | None:
@@ -379,12 +383,12 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) 
                                         m.mem_slices, m.banks_per_slice)
     else:
         core.reset(prep.workspace)
-    at = 0
+    at, flush_args = 0, bulk_args(bulk)
     while True:
         at = core.execute(at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency,
                           m.lanes, m.streams_per_direction, m.acc_rows, m.f16_pair_cycles,
                           m.addresses_per_bank, prep.bank_base, prep.bank_lo, mem, valid, prep.tables, F16_TO_F32,
-                          prep.workspace, NO_LINKS, BULK_WORK if bulk else 0, hz, counters)
+                          prep.workspace, NO_LINKS, flush_args, hz, counters)
         if hz[0] == core.H_C2C:
             raise LpuError(f"{program.source_name or 'the program'}: instruction {int(s.src[at])} sends or receives "
                            f"over a chip-to-chip link: it is one chip of a system; run the system (lpu run --chips)")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from lpu.api import inputs_for
 from lpu.compiler.driver import compile_file
-from lpu.emulator import mxm
+from lpu.emulator import blas, mxm
 from lpu.emulator.arith import D_F16, D_I8
 from lpu.emulator.run import run
 
@@ -63,18 +63,34 @@ def _support(w):
     return wcols, np.zeros(w.shape[0], np.int64)
 
 
+def in_core_blas(x, w, dt, norms, wcols):
+    """The bulk path as the core takes it (mxm.blas_over: numpy's BLAS called from the jitted
+    code), or the host's (mxm.blas_products) where numpy's BLAS is not one the core can call."""
+    if not blas.dgemm_address():
+        return mxm.blas_products(x, w, dt, norms, wcols)
+    n, act = x.shape[0], np.zeros(w.shape[0], np.int64)
+    na, lo, hi, _ = mxm.support(x, n, wcols, norms, act)
+    y = np.full((n + 1, w.shape[1]), np.nan)        # a larger buffer, as the core's: rows past n untouched
+    wbuf = np.full(w.shape, np.nan)
+    mxm.blas_over(blas.dgemm_address(), x, n, w, dt, y, wbuf, norms, act, na, lo, hi)
+    assert np.isnan(y[n]).all()
+    return y[:n]
+
+
 def both_paths(x, w):
-    """The row path (every lane and column), the short path and the bulk path (each over the
+    """The row path (every lane and column), the short path and the bulk paths (each over the
     support: the lanes where x is nonzero, the columns where those weight rows are)."""
     n = x.shape[0]
-    norms = np.zeros((2, w.shape[1]))
-    mxm.column_norms(w.astype(np.float32), norms)
+    norms, w32 = np.zeros((2, w.shape[1])), w.astype(np.float32)      # the core's weights: f32
+    mxm.column_norms(w32, norms)
     wcols, act = _support(w)
     row, short = np.zeros((n, w.shape[1])), np.zeros((n, w.shape[1]))
     mxm.products(x, n, w, D_F16, row, True, norms, wcols, act)
-    mxm.products(x, n, w.astype(np.float32), D_F16, short, False, norms, wcols, act)  # as the core: f32 weights
+    mxm.products(x, n, w32, D_F16, short, False, norms, wcols, act)
     assert np.array_equal(_bits(short), _bits(row))
-    return row, mxm.blas_products(x, w, D_F16, norms, wcols)
+    bulk = mxm.blas_products(x, w32, D_F16, norms, wcols)
+    assert np.array_equal(_bits(in_core_blas(x, w32, D_F16, norms, wcols)), _bits(bulk))
+    return row, bulk
 
 
 def assert_contract(x, w):
@@ -201,13 +217,17 @@ def test_i8_products_are_exact_integers():
         y = np.zeros((5, 320))
         mxm.products(x, 5, w, D_I8, y, exact, np.zeros((2, 320)), wcols, act)
         assert np.array_equal(y, want)
-    assert np.array_equal(mxm.blas_products(x, w, D_I8, np.zeros((2, 320)), wcols), want)
+    w32 = w.astype(np.float32)
+    assert np.array_equal(mxm.blas_products(x, w32, D_I8, np.zeros((2, 320)), wcols), want)
+    assert np.array_equal(in_core_blas(x, w32, D_I8, np.zeros((2, 320)), wcols), want)
 
 
-def test_flush_hands_the_host_a_batch_by_its_work_not_its_length():
-    """A batch of half ABCs (K <= lanes/2) stays in the core where as many full ABCs go to the
-    host's BLAS: the hand-over counts multiply-adds over the support, so half ABCs, cut into
-    shorter batches by their ACCs, never pay a host round trip for half the work."""
+def test_flush_sends_a_batch_to_blas_by_its_work_not_its_length():
+    """A batch of half ABCs (K <= lanes/2) stays on the core's short path where as many full ABCs
+    go to BLAS: the choice counts multiply-adds over the support, so half ABCs, cut into shorter
+    batches by their ACCs, never pay for a BLAS call for half the work. BLAS runs in the core
+    where numpy's can be called from it (`blas.dgemm_address`), else the host is asked (H_FLUSH,
+    the batch left pending); every way, the contract's bits."""
     from lpu.emulator import core
     lanes, n = 320, 4
     rng = np.random.default_rng(5)
@@ -215,7 +235,8 @@ def test_flush_hands_the_host_a_batch_by_its_work_not_its_length():
     wnorm, wcols = np.zeros((2, lanes)), np.zeros((lanes, 2), np.int64)
     mxm.column_norms(w, wnorm)
     mxm.row_support(w, wcols)
-    for half, handed in ((False, True), (True, False)):
+    fn = blas.dgemm_address()
+    for half, dgemm, handed in ((True, fn, False), (True, 0, False), (False, fn, fn == 0), (False, 0, True)):
         x = rng.standard_normal((core.ABC_BATCH, lanes)).astype(np.float16).astype(np.float64)
         if half:
             x[:, lanes // 2:] = 0.0
@@ -224,11 +245,20 @@ def test_flush_hands_the_host_a_batch_by_its_work_not_its_length():
         pend_n, hz = np.array([n]), np.zeros(8, np.int64)
         acc = np.zeros((1, 8, lanes), np.uint32)
         ok = mxm.flush(0, w[None], wnorm[None], wcols[None], np.array([D_F16]), pend_x, pend_meta, pend_n,
-                        np.zeros((core.ABC_BATCH, lanes)), np.zeros(lanes, np.int64), acc, n * lanes * lanes, hz)
+                        np.zeros((core.ABC_BATCH, lanes)), np.zeros((lanes, lanes)), np.zeros(lanes, np.int64),
+                        acc, np.array([n * lanes * lanes, dgemm]), hz)
         assert ok != handed and (hz[0] == core.H_FLUSH) == handed
         assert pend_n[0] == (n if handed else 0)
         if not handed:
             assert np.array_equal(_bits(acc[0, :n].view(np.float32)), _bits(reference(x[:n], w)))
+
+
+def test_the_core_finds_numpys_blas():
+    """numpy's wheels bundle OpenBLAS with 64-bit integers: there the core calls it directly."""
+    info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    if info.get("name") != "scipy-openblas" or "USE64BITINT" not in info.get("openblas configuration", ""):
+        pytest.skip(f"numpy's BLAS is {info.get('name')}")
+    assert blas.dgemm_address() != 0
 
 
 # ---- whole programs: the bulk path changes no bit ------------------------------------------------
@@ -249,6 +279,17 @@ def _bulk_equals_row(name, machine, params=None):
 @pytest.mark.parametrize("name", ["matmul", "mlp", "attention_decode", "gpt2_block_decode"])
 def test_bundled_programs_bulk_equals_row(name, tsp):
     _bulk_equals_row(name, tsp)
+
+
+def test_host_blas_equals_row(tsp, monkeypatch):
+    """Where the core cannot call numpy's BLAS (`blas.dgemm_address` 0: another BLAS), it hands
+    each large batch to the host (run._bulk): the same bits."""
+    from lpu.emulator import run as R
+    calls = []
+    monkeypatch.setattr(blas, "dgemm_address", lambda: 0)
+    monkeypatch.setattr(R, "_bulk", lambda ws, plane, bulk=R._bulk: calls.append(plane) or bulk(ws, plane))
+    _bulk_equals_row("mlp", tsp)
+    assert calls
 
 
 @pytest.mark.slow

@@ -1,0 +1,67 @@
+"""float64 matrix products inside the jitted core (emulator/mxm.py `flush`), by the BLAS that
+numpy itself is linked with, called through its address: a batch of ABCs that is large enough
+for BLAS is multiplied where it waits, without handing the run back to the host and calling the
+core again (~40 us of argument unboxing per call, 141 times in bert_base L=1) nor copying.
+
+`dgemm_address()` finds `cblas_dgemm` with 64-bit integers (OpenBLAS built USE64BITINT, as numpy's
+wheels bundle it) in the library numpy loaded; 0 where there is none (another BLAS, another
+platform): the core then hands large batches to the host (emulator/run.py `_bulk`), which
+multiplies them with numpy. The address is an argument, not a constant of the jitted code, so
+Numba's cache holds nothing specific to one process. Thread settings are numpy's own (the same
+library, already initialised).
+"""
+import ctypes
+import functools
+import glob
+import os
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+ROW_MAJOR, NO_TRANS = 101, 111         # CBLAS_ORDER, CBLAS_TRANSPOSE
+SYMBOLS = ("scipy_cblas_dgemm64_", "cblas_dgemm64_")     # numpy's wheels, other ILP64 builds
+
+
+@functools.cache
+def dgemm_address() -> int:
+    """Address of numpy's ILP64 cblas_dgemm, or 0 if numpy's BLAS is not one this finds."""
+    top = os.path.dirname(np.__file__)
+    libs = sorted(glob.glob(os.path.join(top, os.pardir, "numpy.libs", "*openblas*")) +
+                  glob.glob(os.path.join(top, ".dylibs", "*openblas*")))
+    for path in libs:
+        try:
+            lib = ctypes.CDLL(path)            # already loaded by numpy: the same handle
+        except OSError:
+            continue
+        for name in SYMBOLS:
+            if hasattr(lib, name):
+                return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
+    return 0
+
+
+@intrinsic
+def dgemm(typingctx, fn, x, w, y):
+    """y = x @ w by the cblas_dgemm at address fn (int64, not 0): float64 2-D arrays whose rows
+    are consecutive elements (views of C-contiguous arrays: any row stride), y not overlapping
+    x or w, x.shape[1] == w.shape[0] >= 1, y's shape (x.shape[0], w.shape[1])."""
+    if not (isinstance(fn, types.Integer) and all(isinstance(a, types.Array) and a.ndim == 2 and
+                                                   a.dtype == types.float64 for a in (x, w, y))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32, i64, f64 = ir.IntType(32), ir.IntType(64), ir.DoubleType()
+        arrs = [context.make_array(t)(context, builder, value=v) for t, v in zip(sig.args[1:], args[1:])]
+        rows = [cgutils.unpack_tuple(builder, a.shape, 2) for a in arrs]
+        lds = [builder.sdiv(cgutils.unpack_tuple(builder, a.strides, 2)[0], i64(8)) for a in arrs]
+        lds = [builder.select(builder.icmp_signed("<", ld, n), n, ld) for ld, n in
+               zip(lds, (rows[0][1], rows[1][1], rows[2][1]))]     # a one-row view: any stride >= its width
+        p = f64.as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f64, p, i64, p, i64, f64, p, i64])
+        call = builder.inttoptr(context.cast(builder, args[0], sig.args[0], types.int64), fnty.as_pointer())
+        builder.call(call, [i32(ROW_MAJOR), i32(NO_TRANS), i32(NO_TRANS), rows[0][0], rows[1][1], rows[0][1],
+                            f64(1.0), arrs[0].data, lds[0], arrs[1].data, lds[1], f64(0.0), arrs[2].data, lds[2]])
+        return context.get_dummy_value()
+    return types.none(fn, x, w, y), codegen
