@@ -292,6 +292,6 @@ def _store_in_place(lw, n, src_ids):
 ROUTINES = {"elementwise": lower_elementwise, "where": lower_where, "causal": lower_causal,
             "reduce": lower_reduce.lower_reduce,
             "lanefold": lower_reduce.lower_lanefold, "matmul": lower_mxm.lower_matmul, "move": lower_move,
-            "transpose": movement.transpose_any, "rope": lower_rope, "store": lower_store}
+            "transpose": movement.transpose_any, "tfold": movement.tfold, "rope": lower_rope, "store": lower_store}
 # op -> lowering routine, from the op table: an op with a VXM opcode is elementwise
 LOWER = {d.name: ROUTINES["elementwise" if d.vxm else d.lower] for d in ops.OPS.values() if d.vxm or d.lower}
