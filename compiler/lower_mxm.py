@@ -92,6 +92,16 @@ def _weight_units(lw, n, units) -> list:
     return near or units
 
 
+def _rows_units(lw, n, agrid, units) -> list:
+    """The units on the side of n's rows when they are a part of a transpose split over both
+    SXMs (placement.split_transpose: each part on the side of the pair that takes it), else units."""
+    if lw.plan.base.get(n.inputs[0]) not in lw.split_tp:
+        return units
+    sides = {lw.ctx.sxm_near(int(x)) for x in np.asarray(agrid).reshape(-1)}
+    near = [u for u in units if len(sides) == 1 and int(u >= lw.m.mxm_planes_per_hemisphere) in sides]
+    return near or units
+
+
 def _row_block(M, nchunks, nunits, hold, lw_cycles, acc_rows) -> int:
     """Rows per job of a matmul that has the MXM to itself (no other matmul at its depth in the
     plan's level order to balance the units with). Whole columns (all M rows) when the output
@@ -289,6 +299,7 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     lanes = lw.lanes
     units, hold, pair = _units(lw, mdt)
     units = _weight_units(lw, n, units)
+    units = _rows_units(lw, n, agrid, units)
     w = dtype_width(mdt)
     dt = DTYPE_CODE[mdt]
     odt = DTYPE_CODE["i32" if mdt == "i8" else "f32"]

@@ -189,7 +189,9 @@ def transpose_any(lw, n):
 def transpose_grid(lw, n, src, shape, dst, dtype):
     """dst[..., c, r] = src[..., r, c] through the SXM transpose buffers, one lanes x lanes
     block at a time, on the SXM of the block's side (its source all on one hemisphere:
-    placement.side_of), else alternating the two SXMs. A column read out (TPOUT) holds every row of
+    placement.side_of), else alternating the two SXMs; a transpose split over both SXMs
+    (placement.split_transpose) fills both buffers with every row and reads each column out of
+    the SXM on its destination's side. A column read out (TPOUT) holds every row of
     the buffer: rows past the block's may hold an earlier block's (`Ctx.tp_dirty`; the
     buffers start zeroed). Where none do, each column goes from the SXM
     straight to SRAM; where some do, they are first filled from zero vectors, except in the
@@ -203,44 +205,56 @@ def transpose_grid(lw, n, src, shape, dst, dtype):
     w, dt = dtype_width(dtype), DTYPE_CODE[dtype]
     s3 = src.reshape((-1,) + src.shape[-2:])
     d3 = dst.reshape((-1,) + dst.shape[-2:])
-    vpos = c.m.vxm_pos
-    conv = O.VXM_UNARY["CONV"]
     loop = lw.in_loop(n)
     for b in range(s3.shape[0]):
         for rb in range(-(-R // lanes)):
             for cbk in range(-(-C // lanes)):
                 sides = {c.sxm_near(int(x)) for x in s3[b, rb * lanes:(rb + 1) * lanes, cbk].reshape(-1)}
                 h = sides.pop() if len(sides) == 1 else c.next_sxm()
-                spos = c.m.sxm_pos(h)
                 nr = min(lanes, R - rb * lanes)
-                keys = [(h, p) for p in range(w)]
-                stale = lanes if loop else max(c.tp_dirty.get(k, 0) for k in keys)
-                rows = [int(s3[b, rb * lanes + r, cbk]) for r in range(nr)]
-                if stale > nr and not loop:
-                    zeros = lw.zero_vectors()
-                    rows += [int(zeros[j % len(zeros)]) for j in range(stale - nr)]
-                    stale = nr
-                for r, slot in enumerate(rows):
-                    cb = ChainBuilder(c, n.line, n.id)
-                    gi = cb.read(slot, w, spos, 0)
-                    cb.tpin(h, 0, (gi, dt), r, after=((("tpout", h), 1),), mark=((("tpin", h), 0),))
-                    lw.chains.append(cb.chain())
-                for k in keys if not loop else [(x, p) for x in (0, 1) for p in range(max(DTYPE_WIDTH))]:
-                    c.tp_dirty[k] = max(stale, nr)       # (a loop's: any, its trips replayed)
-                for col in range(min(lanes, C - cbk * lanes)):
-                    cb = ChainBuilder(c, n.line, n.id)
-                    out = int(d3[b, cbk * lanes + col, rb])
-                    after, mark = ((("tpin", h), 1),), ((("tpout", h), 0),)
-                    if stale <= nr:
-                        go = cb.write(out, w, spos, c.lat[O.TPOUT])
-                        cb.tpout(h, 0, col, (go, dt), after, mark)
-                    else:   # stale buffer rows past nr: zero those lanes on the VXM
-                        t0 = -(c.lat[O.TPOUT] + abs(vpos - spos))
-                        gl = cb.link(spos, vpos, 0, w)
-                        cb.tpout(h, t0, col, (gl, dt), after, mark)
-                        go = cb.write(out, w, vpos, c.lat[conv])
-                        cb.vxm(conv, 0, (gl, dt), None, (go, dt), nv=nr)
-                    lw.chains.append(cb.chain())
+                cols = list(range(min(lanes, C - cbk * lanes)))
+                parts = [(h, cols)]
+                if n.id in lw.split_tp:      # each column through the SXM of its destination's side
+                    parts = [(x, [j for j in cols if c.sxm_near(int(d3[b, cbk * lanes + j, rb])) == x]) for x in (0, 1)]
+                for x, mine in parts:
+                    _block(lw, n, s3, d3, b, rb, cbk, x, nr, mine, w, dt, loop)
+
+
+def _block(lw, n, s3, d3, b, rb, cbk, h, nr, cols, w, dt, loop):
+    """Block (b, rb, cbk) through SXM h: every row in (TPIN), the columns `cols` out (TPOUT)."""
+    c = lw.ctx
+    lanes = lw.lanes
+    vpos = c.m.vxm_pos
+    conv = O.VXM_UNARY["CONV"]
+    spos = c.m.sxm_pos(h)
+    keys = [(h, p) for p in range(w)]
+    stale = lanes if loop else max(c.tp_dirty.get(k, 0) for k in keys)
+    rows = [int(s3[b, rb * lanes + r, cbk]) for r in range(nr)]
+    if stale > nr and not loop:
+        zeros = lw.zero_vectors()
+        rows += [int(zeros[j % len(zeros)]) for j in range(stale - nr)]
+        stale = nr
+    for r, slot in enumerate(rows):
+        cb = ChainBuilder(c, n.line, n.id)
+        gi = cb.read(slot, w, spos, 0)
+        cb.tpin(h, 0, (gi, dt), r, after=((("tpout", h), 1),), mark=((("tpin", h), 0),))
+        lw.chains.append(cb.chain())
+    for k in keys if not loop else [(x, p) for x in (0, 1) for p in range(max(DTYPE_WIDTH))]:
+        c.tp_dirty[k] = max(stale, nr)       # (a loop's: any, its trips replayed)
+    for col in cols:
+        cb = ChainBuilder(c, n.line, n.id)
+        out = int(d3[b, cbk * lanes + col, rb])
+        after, mark = ((("tpin", h), 1),), ((("tpout", h), 0),)
+        if stale <= nr:
+            go = cb.write(out, w, spos, c.lat[O.TPOUT])
+            cb.tpout(h, 0, col, (go, dt), after, mark)
+        else:   # stale buffer rows past nr: zero those lanes on the VXM
+            t0 = -(c.lat[O.TPOUT] + abs(vpos - spos))
+            gl = cb.link(spos, vpos, 0, w)
+            cb.tpout(h, t0, col, (gl, dt), after, mark)
+            go = cb.write(out, w, vpos, c.lat[conv])
+            cb.vxm(conv, 0, (gl, dt), None, (go, dt), nv=nr)
+        lw.chains.append(cb.chain())
 
 
 def rope_tables(shape, pos, theta):

@@ -16,12 +16,27 @@ from lpu.isa.opcodes import dtype_width
 NEAR_SLICES = 20     # slices a side that near_region uses
 EDGE_SLICES = 16     # slices at an edge that a weight installed whole lies in (edge_weights)
 EDGE_SHARE = 0.125   # of the SRAM those weights may take so laid
+SLICES_BOTH = 4      # slices a side nearest the VXM that a split transpose's source lies in
+EDGE_ROWS = 8        # slices at each edge that a split transpose's halves lie in (split_transpose;
+#                      measured on attention_prefill: SLICES_BOTH 2, 4, 6, 8, 12, 20 with EDGE_ROWS 8:
+#                      988, 971, 976, 983, 992, 990; EDGE_ROWS 4, 8, 12, 16, 24, 32, 44 with 4: 1,003,
+#                      971, 974, 977, 975, 978, 1,001)
 
 
 def temp_region(lw, n, aliased):
     """The grid of temporary n (aliased: an output's value, its region never freed) where one of
     the rules places it, else None (first fit)."""
     what = f"'{n.op}' at line {n.line}"
+    if not aliased and split_transpose(lw, n):      # the first half of its rows west, the rest east
+        lw.split_tp.add(n.id)
+        kd = min(EDGE_ROWS, lw.m.mem_slices_per_hemisphere)
+        g = window_region(lw, n.shape, n.dtype, ((0, kd), (lw.m.mem_slices - kd, kd)), n.id, what)
+        flat = g.reshape(-1)
+        return np.concatenate([flat[0::2], flat[1::2]]).reshape(g.shape)
+    us = lw.g.users(n.id)
+    if not aliased and len(us) == 1 and split_transpose(lw, lw.g.node(us[0])):
+        half, k = lw.m.mem_slices_per_hemisphere, min(SLICES_BOTH, lw.m.mem_slices_per_hemisphere)
+        return window_region(lw, n.shape, n.dtype, ((half - k, k), (half, k)), n.id, what)     # (read by both SXMs)
     side = None if aliased else side_of(lw, n)
     if side is not None:
         return side_region(lw, n.shape, n.dtype, side, n.id, what)
@@ -64,6 +79,36 @@ def side_of(lw, n):
     return lw.ctx.next_sxm()
 
 
+def split_transpose(lw, n) -> bool:
+    """A transpose of one block whose output rows are read in row ranges, each within one half,
+    as the rows of products summed in the accumulators (rewrite_pack.split_joins: the heads'
+    p @ (v @ wo_h) at a program's end, each sum's products in one half): the first half of its
+    rows lies at the west edge, the second at the east, each column going through the SXM of
+    its side (movement.transpose_grid) and each sum running on that side's plane pair
+    (lower_mxm._rows_units): one SXM had made every column, and the far pair's rows crossed the
+    chip. Measured on attention_prefill: 1,031 -> 971 cycles (its source in the SLICES_BOTH
+    slices nearest the VXM a side, read by both SXMs; the halves in the EDGE_ROWS slices at each
+    edge). Not for products that are not such sums (gpt2_block_prefill's heads: 3,475 -> 3,599,
+    their weight installs queued on the pairs the halves chose)."""
+    if lw.near_vxm is not None or lw.in_loop(n) or n.op != "transpose" or len(n.shape) != 2 \
+            or max(n.shape) > lw.lanes or n.shape[0] < 2:
+        return False
+    half = -(-n.shape[0] // 2)
+    us = [lw.g.node(u) for u in lw.g.users(n.id)]
+    side: dict = {}
+    for u in us:
+        ix = u.attrs.get("index") if u.op == "slice" else None
+        if ix is None or lw.plan.kind[u.id] != "view" or isinstance(ix[0], int) or \
+                not (ix[0][1] <= half or ix[0][0] >= half):
+            return False
+        mm = rows_of(lw, u)
+        if mm is None or not (len(mm.inputs) > 2 or lw.plan.kind[mm.id] == "acc"):
+            return False
+        side[mm.id] = int(ix[0][0] >= half)
+    summed = [(c, lw.g.node(c).inputs[2]) for c in side if len(lw.g.node(c).inputs) > 2]
+    return len(set(side.values())) == 2 and all(side.get(a, side[c]) == side[c] for c, a in summed)
+
+
 def weights_of(lw, n):
     """The product that installs n as its weights (n its only user's right operand, through
     reshapes and transposes), else None: its rows travel from the VXM to that product's
@@ -81,6 +126,21 @@ def weights_of(lw, n):
         if u.op == "matmul":
             return u if len(u.inputs) == 2 and u.inputs[1] == x.id and u.inputs[0] != x.id else None
         if u.op not in ("reshape", "transpose") or lw.plan.kind[u.id] not in ("view", "mxm_t"):
+            return None
+        x = u
+
+
+def rows_of(lw, n):
+    """The product that takes n as its rows (n its only user's left operand, through views), else None."""
+    x = n
+    while True:
+        us = lw.g.users(x.id)
+        if len(us) != 1:
+            return None
+        u = lw.g.node(us[0])
+        if u.op == "matmul":
+            return u if u.inputs[0] == x.id and x.id not in u.inputs[1:] else None
+        if u.op not in ("reshape", "slice") or lw.plan.kind[u.id] != "view":
             return None
         x = u
 
