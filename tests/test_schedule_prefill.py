@@ -149,14 +149,42 @@ def test_heads_in_one_chunk_of_lanes_share_one_score_matmul_and_softmax(machine,
     assert sum(n.op == "max" for n in t.nodes()) == 4
     assert sum(n.op == "max" for n in p.nodes()) == 1
     assert sum(n.op == "matmul" for n in p.nodes()) == sum(n.op == "matmul" for n in t.nodes()) - 3
-    # Q = f16(x @ wq) rounded once, then masked a head each in f16 (not masked in f32 and
-    # rounded a head each: four times the roundings)
+    # Q = f16(x @ wq) masked a head each in f16: the rounding of the f32 product's row is made
+    # in each head's chain (a cast broadcast over the heads, fused: test below)
     qm = [n for n in p.nodes() if n.op == "mul" and len(n.shape) == 3]
     assert len(qm) == 1 and qm[0].dtype == "f16" and [p.node(u).op for u in p.users(qm[0].id)] == ["reshape"]
+    q3 = p.node(qm[0].inputs[0])
+    assert q3.op == "cast" and q3.shape == (1,) + qm[0].shape[1:] and p.node(q3.inputs[0]).dtype == "f32"
     prog, g, _, _ = run_checked(src, m, 13, "c.lpu")
     monkeypatch.setattr(driver, "pack_heads", lambda gr, lanes: gr)
     unpacked = compile_graph(g, m)
     assert _count(prog, "ABC") < _count(unpacked, "ABC")
+
+
+def test_packed_queries_are_rounded_and_masked_in_one_chain(monkeypatch):
+    """attention_prefill: Q = f16(x @ wq) is read only by the heads' masks, so its rounding is a
+    producer fused into the mask's chains (broadcast over the heads: computed again in each),
+    no Q rows stored and read back between the product and the install of the masked queries;
+    fewer cycles than the rounding as a pass of its own (a cast fused only into users of its
+    own shape)."""
+    from lpu.compiler import lower_fuse
+    from lpu.compiler.driver import compile_source, rewritten
+    m = MachineConfig.load("tsp-v1")
+    src = _program("attention_prefill")
+    g = rewritten(elaborate_source(src, "a.lpu", {}), m)
+    qm = [n for n in g.nodes() if n.op == "mul" and len(n.shape) == 3]
+    assert len(qm) == 1
+    plan = make_plan(g, m.lanes)
+    assert plan.kind[qm[0].inputs[0]] == "fused"
+    x = g.node(qm[0].inputs[0])
+    while x.op != "matmul":             # cast <- reshape <- slice <- the f32 product x @ wq
+        x = g.node(x.inputs[0])
+    assert [g.node(u).op for u in g.users(x.id)] == ["slice"] and plan.kind[g.users(x.id)[0]] == "view"
+    fused = compile_source(src, "a.lpu", machine=m)[0]
+    monkeypatch.setattr(lower_fuse, "_fits", lambda ps, us: ps == us)
+    alone = compile_source(src, "a.lpu", machine=m)[0]
+    assert fused.predicted_cycles < alone.predicted_cycles
+    assert _count(fused, "CONV") > _count(alone, "CONV")     # (the rounding in each head's chain)
 
 
 def test_packed_heads_fold_a_power_of_two_scale_into_the_mask_and_hand_f16_weights():
