@@ -99,6 +99,7 @@ class Lowerer:
         self._edge_cost: dict = {}
         self.weight_side: dict = {}              # product -> the hemisphere of its weights (placement.edge_weights)
         self.split_tp: set = set()               # transposes split over both SXMs (placement.split_transpose)
+        self.first_level: dict = {}              # reduction -> its first level made by its source (lower_reduce.first_blocks)
         self.sxm_rows = [0, 0]                   # decode heads' row reductions on each SXM (lower_reduce)
 
     # ---- storage -----------------------------------------------------------------------------
