@@ -187,6 +187,31 @@ def test_packed_queries_are_rounded_and_masked_in_one_chain(monkeypatch):
     assert _count(fused, "CONV") > _count(alone, "CONV")     # (the rounding in each head's chain)
 
 
+def test_a_masked_score_rows_chains_make_their_max_first_level(monkeypatch):
+    """gpt2_block_prefill's packed causal scores: where(mask, s, -inf) is read by a lone max
+    across its vectors, so each chain of the where makes two rows and, from the same streams,
+    their max, and the reduction starts from those maxima (not a tree over the rows read back
+    from SRAM): MAX instructions in the where's chains, fewer in the max's own; the results
+    agree with the reference (the staged conditions' copies kept apart), fewer cycles than
+    without (lower_reduce.first_blocks)."""
+    from lpu.compiler import lower_reduce
+    from lpu.compiler.driver import compile_source, rewritten
+    m = MachineConfig.load("tsp-v1")
+    src = _program("gpt2_block_prefill")
+    prog = run_checked(src, m, 19, "g.lpu")[0]
+    g = rewritten(elaborate_source(src, "g.lpu", {}), m)      # (the graph prog.node indexes)
+    assert [(n.op, n.line) for n in g.nodes()] == [tuple(x) for x in prog.nodes]
+    where = [n.id for n in g.nodes() if n.op == "where"]
+    red = [n.id for n in g.nodes() if n.op == "max" and n.attrs["axis"] == 0]
+    assert len(where) == 1 and len(red) == 1
+    mx = prog.op == O.BY_NAME["MAX"].code
+    rows = g.node(where[0]).shape[0]
+    assert int((mx & (prog.node == where[0])).sum()) == rows // lower_reduce.FIRST_ROWS
+    assert int((mx & (prog.node == red[0])).sum()) < rows // lower_reduce.FIRST_ROWS
+    monkeypatch.setattr(lower_reduce, "first_blocks", lambda *a: None)
+    assert prog.predicted_cycles < compile_source(src, "g.lpu", machine=m)[0].predicted_cycles
+
+
 def test_packed_heads_fold_a_power_of_two_scale_into_the_mask_and_hand_f16_weights():
     """Head width 64: the scores' scale 1/8 rides in Q's mask (exact), so no pass multiplies the
     packed scores; with more query rows than P_BACK_Q, each head's p @ v takes its lanes of the
@@ -545,10 +570,13 @@ def test_a_where_whose_constant_condition_clashes_stages_the_constant(monkeypatc
     """A `where` whose condition (a constant, the causal mask) lies on a bank of its operand's
     row copies the condition (no dependency: any time before) and stays one chain; it had gone
     through three chains and two temporaries after the row was made (stragglers that held up
-    the softmax's max): fewer cycles on attention_prefill, results within tolerance."""
-    from lpu.compiler import lower_ops
+    the softmax's max): fewer cycles on attention_prefill, results within tolerance. (Its rows
+    made one at a time: with the max's first level in the where's chains, those stage their
+    conditions themselves, lower_ops._staged_conds.)"""
+    from lpu.compiler import lower_ops, lower_reduce
     m = MachineConfig.load("tsp-v1")
     src = _program("attention_prefill")
+    monkeypatch.setattr(lower_reduce, "first_blocks", lambda *a: None)
     done = _spy(monkeypatch, lower_ops, "_where_staged")
     prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
     assert any(done) and all(done)
