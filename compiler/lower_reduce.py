@@ -64,9 +64,11 @@ def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop, post=None)
         items = [[first["pre"][b, idx[-1]] for b in range(count // B)] + items[j][count // B * B:]
                  for j, idx in enumerate(idxs)]
         count = len(items[0])
+    both = first is None and nvec == 1 and peers_across(lw, n) == 1 and not lw.in_loop(n) \
+        and len({lw.ctx.sxm_near(int(x)) for x in cur.reshape(-1)}) == 2      # (rows on both sides)
     levels, k = [], count                 # partial results per level, until one is left
     while k > 1:
-        k = -(-k // _tree_leaves(lw, items[0][0][1] if not levels else cdt))
+        k = -(-k // _tree_leaves(lw, items[0][0][1] if not levels else cdt, both))
         levels.append(k)
     nt = sum(levels[:-1])
     # one row of partials per output vector: a block's partials lie in consecutive slots, on
@@ -82,7 +84,7 @@ def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop, post=None)
         nxt = []
         for j, idx in enumerate(idxs):
             nv = nv_of(n.shape, lw.lanes, idx[-1])
-            leaves = _tree_leaves(lw, items[j][0][1])
+            leaves = _tree_leaves(lw, items[j][0][1], both)
             parts = []
             for b in range(k):
                 blk = items[j][b * leaves:(b + 1) * leaves]
@@ -184,12 +186,16 @@ def peers_across(lw, n) -> int:
     return count.get(lw.plan.depth[n.id], 0)
 
 
-def _tree_leaves(lw, leaf_dt) -> int:
+def _tree_leaves(lw, leaf_dt, both=False) -> int:
     """Vectors one tree chain reduces: a power of two whose ops fit the ALUs and whose leaves
-    and first-level results (f32, their links alternating direction) fit the streams."""
+    and first-level results (f32, their links alternating direction) fit the streams; `both`:
+    the leaves lie on both sides of the VXM (a lone reduction's rows and partials, near_region
+    and _partials), half on each direction's streams: 16 f32 leaves a chain, not 8, one level
+    less after the last row (attention_prefill 933 -> 917, gpt2_block_prefill 3,441 -> 3,436;
+    a lone sum of 64 f32 rows all ready at the start: 235 -> 238)."""
     m = lw.m
     w, wc, k = dtype_width(leaf_dt), dtype_width("f32"), 2
-    while (2 * k - 1 <= m.vxm_alus and 2 * k * w <= m.streams_per_direction
+    while (2 * k - 1 <= m.vxm_alus and 2 * k * w <= m.streams_per_direction * (1 + both)
            and k * wc <= m.streams_per_direction):
         k *= 2
     return k
