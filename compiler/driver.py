@@ -21,6 +21,7 @@ from lpu.compiler.rewrite_defer import defer_norm
 from lpu.compiler.rewrite_latency import one_pass_var, split_gemv
 from lpu.compiler.rewrite_rope import heads_rope
 from lpu.compiler.rewrite_rows import row_groups
+from lpu.compiler.rewrite_pair import pair_heads
 from lpu.compiler.schedule import Scheduler
 from lpu.isa.machine import MachineConfig
 from lpu.isa.program import Program
@@ -127,7 +128,7 @@ def rewritten(graph: IRGraph, machine: MachineConfig) -> IRGraph:
     lanes = machine.lanes
     graph = row_groups(split_gemv(one_pass_var(graph), machine))
     graph = decode_heads(heads_rope(split_joins(pack_heads(rewrite(graph, lanes), lanes), lanes), lanes), lanes)
-    return defer_norm(late_columns(graph, lanes))
+    return pair_heads(defer_norm(late_columns(graph, lanes)), lanes)
 
 
 def compile_source(text: str, name: str = "<string>", params=None, machine: MachineConfig | None = None,

@@ -15,7 +15,9 @@ Ops are those of the op table, compiler/ops.py (names, families, dtype and shape
   cast      [to] (same as dtype)
   reduce    [axis] (non-negative), the axis kept with size 1
   shape     transpose [perm]; reshape [shape]; slice [index]: a tuple, one entry per axis of the
-            input: (start, stop) keeps the axis, an int drops it; concat [axis] (n inputs)
+            input: (start, stop) keeps the axis, an int drops it; concat [axis] (n inputs);
+            tfold [step, parts, starts, count] (rewrites only: columns transposed, those step
+            apart stacked, semantics.tfold)
   masks     causal [offset] (-inf where column > row + offset, last two axes)
             rope [pos, theta] (rotate-half form; rows are positions pos, pos+1, ...)
   effects   store [name, index]: inputs (old state version, value); the node is the new state

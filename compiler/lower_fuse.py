@@ -5,7 +5,8 @@ written. Unfused, every op is its own READ -> VXM -> WRITE trip between a MEM sl
 VXM (tens of cycles each way), which is what a one-row (decode) program waits on.
 
 The plan (plan.py) marks such producers "fused": they get no storage and no code of their own;
-the op that uses them lowers the whole tree here. A small producer with several elementwise
+the op that uses them lowers the whole tree here (a producer broadcast along the leading axis,
+f16(Q) under the packed heads' masks, computed again for each copy). A small producer with several elementwise
 users (layernorm's x - mean) is fused into each of them: computed again, never stored. In
 small ops an operand broadcast along the lanes is spread by the SXM (DISTRIBUTE) inside the
 chain too, instead of through a temporary. Each op keeps its dtype, its opcode and its
@@ -62,6 +63,12 @@ def _max_fused(u, lanes: int) -> int:
     return MAX_FUSED_SMALL if _vectors(u.shape, lanes) <= DUP_MAX_VECTORS else MAX_FUSED
 
 
+def _fits(ps, us) -> bool:
+    """A producer of shape ps fused into a user of shape us: the same shape, or broadcast along
+    the leading axis (computed again for each of its copies)."""
+    return ps == us or len(ps) == len(us) > 2 and ps[0] == 1 and ps[1:] == us[1:]
+
+
 def fusable(graph, kind: dict, lanes: int) -> set:
     """Producers to fuse into their one elementwise user (see the module doc)."""
     fused: set = set()
@@ -73,7 +80,7 @@ def fusable(graph, kind: dict, lanes: int) -> set:
         for p in u.inputs:
             pn = graph.node(p)
             if (kind.get(p) == "temp" and _elementwise(pn) and graph.users(p) == [u.id]
-                    and pn.shape == u.shape and u.inputs.count(p) == 1 and p not in graph.outputs.values()
+                    and _fits(pn.shape, u.shape) and u.inputs.count(p) == 1 and p not in graph.outputs.values()
                     and size[u.id] + size.get(p, 0) + 1 <= _max_fused(u, lanes)):
                 fused.add(p)
                 size[u.id] += size.get(p, 0) + 1

@@ -26,6 +26,7 @@ import numpy as np
 
 from lpu.compiler.chains import ChainBuilder, lw_rows
 from lpu.compiler.lower_common import copy
+from lpu.compiler.movement import tfold_sxm
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, dtype_width
 
@@ -87,7 +88,8 @@ def _units(lw, mdt):
 
 def _weight_units(lw, n, units) -> list:
     """The units on the edge whose slices hold n's weights (placement.edge_weights), else units."""
-    side = lw.weight_side.get(n.id)
+    a = lw.g.node(n.inputs[0])
+    side = tfold_sxm(lw.g, a) if a.op == "tfold" else lw.weight_side.get(n.id)
     near = [u for u in units if int(u >= lw.m.mxm_planes_per_hemisphere) == side]
     return near or units
 

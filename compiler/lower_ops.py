@@ -28,6 +28,7 @@ from lpu.compiler.lower_common import (
 from lpu.compiler.lower_common import nv_chunks, vxm_rows
 from lpu.compiler.chains import ChainBuilder
 from lpu.isa import opcodes as O
+from lpu.isa.machine import EAST, WEST
 from lpu.isa import dtypes
 from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
 
@@ -158,7 +159,10 @@ def lower_where(lw, n):
     cfloat = n.dtype in FLOATS
     cdt = "f32" if cfloat else "i32"
     temps = None
+    done = _where_max_blocks(lw, n, out, cond, a, b, cfloat, cdt)
     for idx in np.ndindex(out.shape):
+        if idx in done:
+            continue
         nv = nv_of(n.shape, lw.lanes, idx[-1])
         c, x, y = ((int(o[1][idx]), o[2]) if o[0] == "grid" else ("imm", imm_bits(o[1], cfloat))
                    for o in (cond, a, b))
@@ -173,6 +177,110 @@ def lower_where(lw, n):
         vxm_chain(lw, n, O.VXM_BINARY["ADD"], int(out[idx]), n.dtype, nv, (t1, cdt), (t2, cdt))
     for r in lw.pending_free + [t[1] for t in temps or ()]:
         lw.free_temp(r)
+
+
+def _where_max_blocks(lw, n, out, cond, a, b, cfloat, cdt) -> set:
+    """where rows whose max across vectors is a lone reduction (a packed softmax's masked scores):
+    each aligned block of the reduction's first level (lower_reduce.first_blocks) in one chain
+    that writes the block's rows and, from the same streams, their max tree's partial, which the
+    reduction takes as its first level (max is exact in any order): the rows' trip to SRAM and
+    back to the VXM is no longer ahead of the max. Returns the output indexes done."""
+    spec = lower_reduce.first_blocks(lw, n)
+    if spec is None:
+        return set()
+    red, leaves, slots = spec
+    done, pre = set(), {}
+    for (blk, col), slot in slots.items():
+        idxs = [(r, col) for r in range(blk * leaves, (blk + 1) * leaves)]
+        rows = []
+        for idx in idxs:
+            c, x, y = ((int(o[1][idx]), o[2]) if o[0] == "grid" else ("imm", imm_bits(o[1], cfloat))
+                       for o in (cond, a, b))
+            rows.append((int(out[idx]), nv_of(n.shape, lw.lanes, idx[-1]), c, x, y))
+        if not _where_max_chain(lw, n, rows, slot, n.dtype, cdt):
+            if lw.g.node(n.inputs[0]).op != "const":
+                continue
+            rows = _staged_conds(lw, n, rows)
+            if rows is None or not _where_max_chain(lw, n, rows, slot, n.dtype, cdt):
+                continue
+        done.update(idxs)
+        pre[blk, col] = (slot, "f32")
+    lw.first_level[red]["pre"] = pre
+    return done
+
+
+def _staged_conds(lw, n, rows):
+    """The rows with each constant condition copied ahead to slices no operand of the block
+    uses (as _where_staged does for one row; the copies held to the where's end), or None."""
+    nsl = lw.ctx.nslices
+    bad = {(v[0] + i) % nsl for r in rows for v in r[2:] if v[0] != "imm" for i in range(dtype_width(v[1]))}
+    grid, region = lw.temp((1, 12 * lw.lanes), rows[0][2][1])
+    lw.pending_free.append(region)
+    out = []
+    for o, nv, c, x, y in rows:
+        w = dtype_width(c[1])
+        free = [int(b) for b in grid.reshape(-1) if not {(int(b) + i) % nsl for i in range(w)} & bad]
+        if not free:
+            return None
+        bad |= {(free[0] + i) % nsl for i in range(w)}
+        vxm_chain(lw, n, O.VXM_UNARY["CONV"], free[0], c[1], lw.lanes, c)
+        out.append((o, nv, (free[0], c[1]), x, y))
+    return out
+
+
+def _where_max_chain(lw, node, rows, slot, out_dt, cdt) -> bool:
+    """One chain: the where of each row ((out base, nv, c, x, y) each) and the pairwise MAX tree
+    of the results, the root written to `slot` (f32); False (nothing added) when it cannot be placed."""
+    ctx = lw.ctx
+    cb = ChainBuilder(ctx, node.line, node.id)
+    vpos = ctx.m.vxm_pos
+    reads = {}
+
+    def read(v):
+        if v[0] == "imm":
+            return None
+        key = (v[0], dtype_width(v[1]))
+        if key not in reads:
+            reads[key] = cb.read(v[0], key[1], vpos, 0)
+        return reads[key], DTYPE_CODE[v[1]]
+
+    def link(off, w):             # VXM to VXM, the directions alternating (half the planes each way)
+        turn[0] ^= 1
+        return cb.f.add_group(EAST, off - vpos, w) if turn[0] else cb.f.add_group(WEST, off + vpos, w)
+
+    turn = [0]
+    keep, drop, add, mx = (O.VXM_BINARY[k] for k in ("KEEP", "DROP", "ADD", "MAX"))
+    lat = ctx.lat[keep]
+    level = []
+    for out_base, nv, c, x, y in rows:
+        gc, gx, gy = read(c), read(x), read(y)
+        links = [(link(lat, dtype_width(cdt)), DTYPE_CODE[cdt]) for _ in range(2)]
+        for op, v, g, t in ((keep, x, gx, links[0]), (drop, y, gy, links[1])):
+            imm, bimm = (v[1], 2) if v[0] == "imm" else (0, 0)
+            cb.vxm(op, 0, g, gc, t, nv=ctx.lanes, imm=imm, bimm=bimm)
+        go = (cb.write(out_base, dtype_width(out_dt), vpos, lat + ctx.lat[add]), DTYPE_CODE[out_dt])
+        cb.vxm(add, lat, links[0], links[1], go, nv=nv)
+        level.append(go)
+    t = lat + ctx.lat[add]
+    f32 = DTYPE_CODE["f32"]
+    while len(level) > 1:         # pairwise, an odd last item carried up (semantics.pairwise)
+        last = len(level) == 2
+        nxt = []
+        for i in range(0, len(level) - 1, 2):
+            o = (cb.write(slot, 4, vpos, t + ctx.lat[mx]) if last else link(t + ctx.lat[mx], 4), f32)
+            cb.vxm(mx, t, level[i], level[i + 1], o, nv=ctx.lanes)
+            nxt.append(o)
+        level = nxt + level[len(level) - len(level) % 2:]
+        t += ctx.lat[mx]
+    if cb.mem_conflict() or 4 * len(rows) - 1 > ctx.m.vxm_alus:
+        return False
+    need = {}
+    for d, koff, w in cb.groups:
+        need[(d, koff)] = need.get((d, koff), 0) + w
+    if max(need.values()) > ctx.m.streams_per_direction:
+        return False
+    lw.chains.append(cb.chain())
+    return True
 
 
 def _where_staged(lw, node, out_base, out_dt, cdt, nv, c, x, y) -> bool:
@@ -292,6 +400,6 @@ def _store_in_place(lw, n, src_ids):
 ROUTINES = {"elementwise": lower_elementwise, "where": lower_where, "causal": lower_causal,
             "reduce": lower_reduce.lower_reduce,
             "lanefold": lower_reduce.lower_lanefold, "matmul": lower_mxm.lower_matmul, "move": lower_move,
-            "transpose": movement.transpose_any, "rope": lower_rope, "store": lower_store}
+            "transpose": movement.transpose_any, "tfold": movement.tfold, "rope": lower_rope, "store": lower_store}
 # op -> lowering routine, from the op table: an op with a VXM opcode is elementwise
 LOWER = {d.name: ROUTINES["elementwise" if d.vxm else d.lower] for d in ops.OPS.values() if d.vxm or d.lower}

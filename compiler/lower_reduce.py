@@ -56,17 +56,25 @@ def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop, post=None)
     outv = np.moveaxis(out, axis, 0)[0]
     count = cur.shape[0]
     nvec = max(1, outv.size)
+    items = [[(int(cur[(i,) + idx]), src_n.dtype) for i in range(count)] for idx in np.ndindex(outv.shape)]
+    idxs = list(np.ndindex(outv.shape))
+    first = lw.first_level.pop(n.id, None)       # a max's first level made by its source (first_blocks)
+    if first and all((b, idx[-1]) in first["pre"] for idx in idxs for b in range(count // first["B"])):
+        B = first["B"]
+        items = [[first["pre"][b, idx[-1]] for b in range(count // B)] + items[j][count // B * B:]
+                 for j, idx in enumerate(idxs)]
+        count = len(items[0])
+    both = first is None and nvec == 1 and peers_across(lw, n) == 1 and not lw.in_loop(n) \
+        and len({lw.ctx.sxm_near(int(x)) for x in cur.reshape(-1)}) == 2      # (rows on both sides)
     levels, k = [], count                 # partial results per level, until one is left
     while k > 1:
-        k = -(-k // _tree_leaves(lw, src_n.dtype if not levels else cdt))
+        k = -(-k // _tree_leaves(lw, items[0][0][1] if not levels else cdt, both))
         levels.append(k)
     nt = sum(levels[:-1])
     # one row of partials per output vector: a block's partials lie in consecutive slots, on
     # different slices, so one chain can read them together
     tmp, region = _partials(lw, n, nvec, nt, cdt) if nt else (None, None)
     base, held = 0, []
-    items = [[(int(cur[(i,) + idx]), src_n.dtype) for i in range(count)] for idx in np.ndindex(outv.shape)]
-    idxs = list(np.ndindex(outv.shape))
     if count == 1:
         for j, idx in enumerate(idxs):
             nv = nv_of(n.shape, lw.lanes, idx[-1])
@@ -76,7 +84,7 @@ def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop, post=None)
         nxt = []
         for j, idx in enumerate(idxs):
             nv = nv_of(n.shape, lw.lanes, idx[-1])
-            leaves = _tree_leaves(lw, items[j][0][1])
+            leaves = _tree_leaves(lw, items[j][0][1], both)
             parts = []
             for b in range(k):
                 blk = items[j][b * leaves:(b + 1) * leaves]
@@ -91,8 +99,49 @@ def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop, post=None)
         for r in held:                    # (the next level's fallbacks may reuse them)
             lw.free_temp(r)
         held.clear()
-    if region is not None:
-        lw.free_temp(region)
+    for reg in (region, first and first["region"]):
+        if reg:
+            lw.free_temp(reg)
+
+
+FIRST_ROWS = 2      # rows of a where whose chain makes their max too (first_blocks; measured with
+#                     FIRST_GROUPS 6: 2 -> attention_prefill 956, gpt2_block_prefill 3,441; 4 -> 984, 3,482)
+FIRST_GROUPS = 6    # groups of 4 slices nearest the VXM those maxima lie in (measured with 2 rows: 3, 4,
+#                     5, 6, 8, 10 -> attention_prefill 996, 965, 984, 956, 958, 956; gpt2_block_prefill
+#                     3,484, 3,442, 3,440, 3,441, 3,458, 3,457; the reduction's own _partials: 992)
+
+
+def first_blocks(lw, src):
+    """(reduction id, rows per block, {(block, chunk): slot}) when `src`, a where of f32 rows (a
+    packed softmax's masked scores), is read by a lone max across its vectors (alone at its
+    depth, 2-D, not in a loop's trips): the where's lowering makes the max of each aligned block
+    of FIRST_ROWS rows in the chain that makes the rows, from the same streams
+    (lower_ops._where_max_blocks), into the FIRST_GROUPS groups of slices nearest the VXM, and
+    the reduction starts from those maxima (max is exact in any order), else None. The rows' trip
+    through SRAM and back is no longer ahead of the max: attention_prefill 971 -> 956,
+    gpt2_block_prefill 3,475 -> 3,441."""
+    us = [lw.g.node(u) for u in lw.g.users(src.id)]
+    red = [u for u in us if u.op == "max" and len(u.shape) == 2 and u.attrs["axis"] == 0]
+    if src.op != "where" or src.dtype != "f32" or len(src.shape) != 2 or len(red) != 1 \
+            or lw.in_loop(src) or peers_across(lw, red[0]) != 1:
+        return None
+    m, n, B = lw.m, red[0], FIRST_ROWS
+    nb = src.shape[0] // B
+    if 4 * B - 1 > m.vxm_alus or B * 4 > m.streams_per_direction or nb < 2:
+        return None                    # (a row: KEEP, DROP, ADD and a MAX; two f32 links)
+    nvec = -(-n.shape[1] // lw.lanes)          # (its output vectors: one row of chunks)
+    ns = m.mem_slices
+
+    def dist(s0):
+        return max(abs(m.slice_pos(s) - m.vxm_pos) for s in range(s0, s0 + 4))
+
+    near = sorted(range(0, ns, 4), key=lambda s0: (dist(s0), s0))[:FIRST_GROUPS]
+    size = (-(-nvec * nb // len(near)) + 1) * ns
+    start = lw.alloc.alloc(size, "a max's first level")
+    base = -(-start // ns) * ns
+    lw.first_level[n.id] = {"region": (start, size), "pre": {}, "B": B}
+    return n.id, B, {(b, j): base + (t // len(near)) * ns + near[t % len(near)]
+                     for j in range(nvec) for b in range(nb) for t in [j * nb + b]}
 
 
 def _partials(lw, n, nvec, nt, dt):
@@ -137,12 +186,16 @@ def peers_across(lw, n) -> int:
     return count.get(lw.plan.depth[n.id], 0)
 
 
-def _tree_leaves(lw, leaf_dt) -> int:
+def _tree_leaves(lw, leaf_dt, both=False) -> int:
     """Vectors one tree chain reduces: a power of two whose ops fit the ALUs and whose leaves
-    and first-level results (f32, their links alternating direction) fit the streams."""
+    and first-level results (f32, their links alternating direction) fit the streams; `both`:
+    the leaves lie on both sides of the VXM (a lone reduction's rows and partials, near_region
+    and _partials), half on each direction's streams: 16 f32 leaves a chain, not 8, one level
+    less after the last row (attention_prefill 933 -> 917, gpt2_block_prefill 3,441 -> 3,436;
+    a lone sum of 64 f32 rows all ready at the start: 235 -> 238)."""
     m = lw.m
     w, wc, k = dtype_width(leaf_dt), dtype_width("f32"), 2
-    while (2 * k - 1 <= m.vxm_alus and 2 * k * w <= m.streams_per_direction
+    while (2 * k - 1 <= m.vxm_alus and 2 * k * w <= m.streams_per_direction * (1 + both)
            and k * wc <= m.streams_per_direction):
         k *= 2
     return k

@@ -186,7 +186,30 @@ def transpose_any(lw, n):
     transpose_grid(lw, n, x1, x1_shape, x2_view_of_y, x.dtype)
 
 
-def transpose_grid(lw, n, src, shape, dst, dtype):
+def tfold(lw, n):
+    """Op `tfold` (compiler/rewrite_pair.py), x [R, W] in one chunk and parts * R rows at most
+    the lanes: one block through the SXM transpose buffers whose rows are x's rows, then x's
+    rows rotated by -step, -2 * step, ... on their way in (READ, ROTATE, TPIN in one chain: no
+    copy in SRAM); buffer column col read out holds x[r, col + j * step] in lane j * R + r, and
+    only the columns of the runs are read out."""
+    x = lw.g.node(n.inputs[0])
+    R, a = x.shape[0], n.attrs
+    src = np.asarray(lw.grid[x.id]).reshape(R, -1)[:, 0]
+    rows = np.tile(src, a["parts"]).reshape(1, a["parts"] * R, 1)
+    rots = np.repeat(-a["step"] * np.arange(a["parts"]), R)
+    cols = np.concatenate([np.arange(s, s + a["count"]) for s in a["starts"]])
+    transpose_grid(lw, n, rows, (a["parts"] * R, n.shape[0]), lw.grid[n.id].reshape(1, n.shape[0], -1), x.dtype,
+                   rots, cols, tfold_sxm(lw.g, n))
+
+
+def tfold_sxm(g, n) -> int:
+    """The SXM of tfold n: the i-th tfold of a tensor takes SXM i % 2, its product the plane pair
+    on that side (lower_mxm._weight_units) and its rows that side's slices (placement.side_of),
+    so that two heads' pairs are folded side by side, each next to the pair that reads it."""
+    return [u for u in g.users(n.inputs[0]) if g.node(u).op == "tfold"].index(n.id) % 2
+
+
+def transpose_grid(lw, n, src, shape, dst, dtype, rots=None, cols=None, sxm=None):
     """dst[..., c, r] = src[..., r, c] through the SXM transpose buffers, one lanes x lanes
     block at a time, on the SXM of the block's side (its source all on one hemisphere:
     placement.side_of), else alternating the two SXMs. A column read out (TPOUT) holds every row of
@@ -210,7 +233,7 @@ def transpose_grid(lw, n, src, shape, dst, dtype):
         for rb in range(-(-R // lanes)):
             for cbk in range(-(-C // lanes)):
                 sides = {c.sxm_near(int(x)) for x in s3[b, rb * lanes:(rb + 1) * lanes, cbk].reshape(-1)}
-                h = sides.pop() if len(sides) == 1 else c.next_sxm()
+                h = sxm if sxm is not None else sides.pop() if len(sides) == 1 else c.next_sxm()
                 spos = c.m.sxm_pos(h)
                 nr = min(lanes, R - rb * lanes)
                 keys = [(h, p) for p in range(w)]
@@ -222,7 +245,14 @@ def transpose_grid(lw, n, src, shape, dst, dtype):
                     stale = nr
                 for r, slot in enumerate(rows):
                     cb = ChainBuilder(c, n.line, n.id)
-                    gi = cb.read(slot, w, spos, 0)
+                    k = int(rots[rb * lanes + r]) if rots is not None and rb * lanes + r < len(rots) else 0
+                    if k:      # (tfold) rotated by the SXM on its way into the buffer
+                        t = -c.lat[O.ROTATE]
+                        gr = cb.read(slot, w, spos, t)
+                        gi = cb.link(spos, spos, 0, w)
+                        cb.sxm(O.ROTATE, h, t, (gr, dt), (gi, dt), k)
+                    else:
+                        gi = cb.read(slot, w, spos, 0)
                     cb.tpin(h, 0, (gi, dt), r, after=((("tpout", h), 1),), mark=((("tpin", h), 0),))
                     lw.chains.append(cb.chain())
                 for k in keys if not loop else [(x, p) for x in (0, 1) for p in range(max(DTYPE_WIDTH))]:
@@ -233,11 +263,11 @@ def transpose_grid(lw, n, src, shape, dst, dtype):
                     after, mark = ((("tpin", h), 1),), ((("tpout", h), 0),)
                     if stale <= nr:
                         go = cb.write(out, w, spos, c.lat[O.TPOUT])
-                        cb.tpout(h, 0, col, (go, dt), after, mark)
+                        cb.tpout(h, 0, col if cols is None else int(cols[col]), (go, dt), after, mark)
                     else:   # stale buffer rows past nr: zero those lanes on the VXM
                         t0 = -(c.lat[O.TPOUT] + abs(vpos - spos))
                         gl = cb.link(spos, vpos, 0, w)
-                        cb.tpout(h, t0, col, (gl, dt), after, mark)
+                        cb.tpout(h, t0, col if cols is None else int(cols[col]), (gl, dt), after, mark)
                         go = cb.write(out, w, vpos, c.lat[conv])
                         cb.vxm(conv, 0, (gl, dt), None, (go, dt), nv=nr)
                     lw.chains.append(cb.chain())

@@ -217,4 +217,7 @@ define(OpDef("store", "effect", 2, "", "attrs", lower="store", gpu="store", flop
 # chunks and their rotations by lanes / 2, times `scale`, as f16 lo and hi halves (semantics.py)
 define(OpDef("lanefold", "fold", 1, "", "attrs", "attrs", lower="lanefold", gpu="reduction", bound="reduce",
              path=(O.BY_NAME["ADD"].latency,)))
+# not in the language (compiler/rewrite_pair.py: two heads' probabilities as one row): runs of
+# columns of x [R, W] transposed, those step apart stacked (semantics.tfold)
+define(OpDef("tfold", "movement", 1, "", "attrs", lower="tfold", gpu="view", flops=0, bound="free"))
 define(OpDef("output", "effect", 1, "", "attrs", gpu="view", flops=0, bound="free"))

@@ -10,12 +10,14 @@ import numpy as np
 from lpu.compiler import lower_reduce, ops
 from lpu.compiler.alloc import grid_shape
 from lpu.compiler.lower_mxm import output_side
+from lpu.compiler.movement import tfold_sxm
 from lpu.compiler.partition import LINK_PREFIX
 from lpu.isa.opcodes import dtype_width
 
 NEAR_SLICES = 20     # slices a side that near_region uses
 EDGE_SLICES = 16     # slices at an edge that a weight installed whole lies in (edge_weights)
 EDGE_SHARE = 0.125   # of the SRAM those weights may take so laid
+FOLD_SLICES = 8      # slices at an edge that a tfold's rows lie in (between its SXM and its plane pair)
 
 
 def temp_region(lw, n, aliased):
@@ -23,6 +25,9 @@ def temp_region(lw, n, aliased):
     the rules places it, else None (first fit)."""
     what = f"'{n.op}' at line {n.line}"
     side = None if aliased else side_of(lw, n)
+    if side is not None and n.op == "tfold":
+        k, ns = min(FOLD_SLICES, lw.m.mem_slices_per_hemisphere), lw.m.mem_slices
+        return window_region(lw, n.shape, n.dtype, ((0, k),) if side == 0 else ((ns - k, k),), n.id, what)
     if side is not None:
         return side_region(lw, n.shape, n.dtype, side, n.id, what)
     if vxm_output(lw, n) if aliased else vxm_to_vxm(lw, n):
@@ -54,12 +59,14 @@ def side_of(lw, n):
     # to that side's slices: first fit spread a softmax's p over both sides, and the rows for
     # the near plane pair went up to 89 hops away and came back (attention_prefill 1,342 ->
     # 1,279, llama_block_prefill 6,187 -> 6,179; of several blocks: tiny's 28,804 -> 28,939)
+    if n.op == "tfold":
+        return tfold_sxm(lw.g, n)
     if n.op == "transpose" and n.inputs[0] in lw.grid and max(n.shape[-2:]) <= lw.lanes:
         sides = {lw.ctx.sxm_near(int(x)) for x in np.asarray(lw.grid[n.inputs[0]]).reshape(-1)}
         if len(sides) == 1:
             return sides.pop()
     us = lw.g.users(n.id)
-    if len(us) != 1 or lw.g.node(us[0]).op != "transpose" or lw.plan.kind[us[0]] != "temp":
+    if len(us) != 1 or lw.g.node(us[0]).op not in ("transpose", "tfold") or lw.plan.kind[us[0]] != "temp":
         return None
     return lw.ctx.next_sxm()
 
@@ -114,6 +121,8 @@ def vxm_to_vxm(lw, n) -> bool:
     if lw.near_vxm is not None or lw.in_loop(n) or n.op not in ops.ELEMENTWISE:
         return False
     us = [lw.g.node(u) for u in lw.g.users(n.id)]
+    if len(us) > 1 and all(u.op == "tfold" for u in us):
+        return True          # (folded through both SXMs: the VXM's slices are halfway to each)
     vxm = all(u.op in ops.ELEMENTWISE or reduced_across(lw, u.id) for u in us)
     return vxm and any(reduced_across(lw, u.id) for u in us)
 

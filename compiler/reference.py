@@ -60,6 +60,8 @@ def _eval(n: Node, xs: list[np.ndarray], k_tile: int) -> np.ndarray:
         return S.matmul(xs[0], xs[1], n.dtype, k_tile)
     if op in MOVES:
         return move(n, xs)
+    if op == "tfold":
+        return S.tfold(xs[0], a["step"], a["parts"], a["starts"], a["count"])
     if op == "lanefold":
         return S.lanefold(xs[0], a["lanes"], a["scale"])
     if op == "rope":

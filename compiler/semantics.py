@@ -165,6 +165,14 @@ def lanefold(x: np.ndarray, lanes: int, scale: float) -> np.ndarray:
     return (z - hi).astype(np.float16)
 
 
+def tfold(x: np.ndarray, step: int, parts: int, starts, count: int) -> np.ndarray:
+    """Op `tfold` (compiler/rewrite_pair.py): x [R, W]'s columns s .. s + count (s in starts)
+    transposed, those j * step further stacked: out[i*count + c, j*R + r] = x[r, starts[i] + c
+    + j*step]."""
+    cols = np.concatenate([np.arange(s, s + count) for s in starts])
+    return np.concatenate([x[:, cols + j * step] for j in range(parts)], axis=0).T.copy()
+
+
 def close(actual: np.ndarray, expected: np.ndarray, dtype: str) -> bool:
     """Whether two results agree within TOLERANCE[dtype] (NaN and inf must match exactly)."""
     atol, rtol = TOLERANCE[dtype]

@@ -3,6 +3,8 @@ the order the compiled tree chains add in (results agree bit for bit), and such 
 no slower than the lane reduction over the last axis of the same tensor."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -44,3 +46,22 @@ def test_axis0_reduction_costs_at_most_1_5x_the_last_axis_one(machine, op, shape
     cyc = [compile_source(f"input x : f16[{shape}]\noutput y = {op}(x, axis={a})\n", "r.lpu", {}, m)[0]
            .predicted_cycles for a in (0, 1)]
     assert cyc[0] <= 1.5 * cyc[1], cyc
+
+
+
+def test_a_lone_reduction_takes_leaves_from_both_sides_in_one_chain(monkeypatch):
+    """A lone reduction across f32 vectors (alone at its depth: its rows and partials lie on
+    both sides of the VXM) reduces 16 leaves a chain, half on each direction's streams, not 8:
+    one level less after the last row (attention_prefill's packed softmax sum), the same
+    pairwise order (results equal to the reference bit for bit), fewer cycles than 8 a chain."""
+    from lpu.compiler import lower_reduce
+    m = MachineConfig.load("tsp-v1")
+    seen, real = [], lower_reduce._tree_leaves
+    monkeypatch.setattr(lower_reduce, "_tree_leaves", lambda *a: seen.append(real(*a)) or seen[-1])
+    prog, g, vals, res = run_checked("input x : f32[64, 256]\noutput s = sum(x * x, axis=0)\n", m, 7, "r.lpu")
+    assert 16 in seen and np.array_equal(np.asarray(res.outputs["s"]), np.asarray(run_reference(g, vals)[0]["s"]))
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs", "attention_prefill.lpu")) as f:
+        att = f.read()
+    wide = compile_source(att, "a.lpu", machine=m)[0].predicted_cycles
+    monkeypatch.setattr(lower_reduce, "_tree_leaves", lambda lw, dt, both=False: real(lw, dt))
+    assert wide < compile_source(att, "a.lpu", machine=m)[0].predicted_cycles

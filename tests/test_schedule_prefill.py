@@ -149,14 +149,67 @@ def test_heads_in_one_chunk_of_lanes_share_one_score_matmul_and_softmax(machine,
     assert sum(n.op == "max" for n in t.nodes()) == 4
     assert sum(n.op == "max" for n in p.nodes()) == 1
     assert sum(n.op == "matmul" for n in p.nodes()) == sum(n.op == "matmul" for n in t.nodes()) - 3
-    # Q = f16(x @ wq) rounded once, then masked a head each in f16 (not masked in f32 and
-    # rounded a head each: four times the roundings)
+    # Q = f16(x @ wq) masked a head each in f16: the rounding of the f32 product's row is made
+    # in each head's chain (a cast broadcast over the heads, fused: test below)
     qm = [n for n in p.nodes() if n.op == "mul" and len(n.shape) == 3]
     assert len(qm) == 1 and qm[0].dtype == "f16" and [p.node(u).op for u in p.users(qm[0].id)] == ["reshape"]
+    q3 = p.node(qm[0].inputs[0])
+    assert q3.op == "cast" and q3.shape == (1,) + qm[0].shape[1:] and p.node(q3.inputs[0]).dtype == "f32"
     prog, g, _, _ = run_checked(src, m, 13, "c.lpu")
     monkeypatch.setattr(driver, "pack_heads", lambda gr, lanes: gr)
     unpacked = compile_graph(g, m)
     assert _count(prog, "ABC") < _count(unpacked, "ABC")
+
+
+def test_packed_queries_are_rounded_and_masked_in_one_chain(monkeypatch):
+    """attention_prefill: Q = f16(x @ wq) is read only by the heads' masks, so its rounding is a
+    producer fused into the mask's chains (broadcast over the heads: computed again in each),
+    no Q rows stored and read back between the product and the install of the masked queries;
+    fewer cycles than the rounding as a pass of its own (a cast fused only into users of its
+    own shape)."""
+    from lpu.compiler import lower_fuse
+    from lpu.compiler.driver import compile_source, rewritten
+    m = MachineConfig.load("tsp-v1")
+    src = _program("attention_prefill")
+    g = rewritten(elaborate_source(src, "a.lpu", {}), m)
+    qm = [n for n in g.nodes() if n.op == "mul" and len(n.shape) == 3]
+    assert len(qm) == 1
+    plan = make_plan(g, m.lanes)
+    assert plan.kind[qm[0].inputs[0]] == "fused"
+    x = g.node(qm[0].inputs[0])
+    while x.op != "matmul":             # cast <- reshape <- slice <- the f32 product x @ wq
+        x = g.node(x.inputs[0])
+    assert [g.node(u).op for u in g.users(x.id)] == ["slice"] and plan.kind[g.users(x.id)[0]] == "view"
+    fused = compile_source(src, "a.lpu", machine=m)[0]
+    monkeypatch.setattr(lower_fuse, "_fits", lambda ps, us: ps == us)
+    alone = compile_source(src, "a.lpu", machine=m)[0]
+    assert fused.predicted_cycles < alone.predicted_cycles
+    assert _count(fused, "CONV") > _count(alone, "CONV")     # (the rounding in each head's chain)
+
+
+def test_a_masked_score_rows_chains_make_their_max_first_level(monkeypatch):
+    """gpt2_block_prefill's packed causal scores: where(mask, s, -inf) is read by a lone max
+    across its vectors, so each chain of the where makes two rows and, from the same streams,
+    their max, and the reduction starts from those maxima (not a tree over the rows read back
+    from SRAM): MAX instructions in the where's chains, fewer in the max's own; the results
+    agree with the reference (the staged conditions' copies kept apart), fewer cycles than
+    without (lower_reduce.first_blocks)."""
+    from lpu.compiler import lower_reduce
+    from lpu.compiler.driver import compile_source, rewritten
+    m = MachineConfig.load("tsp-v1")
+    src = _program("gpt2_block_prefill")
+    prog = run_checked(src, m, 19, "g.lpu")[0]
+    g = rewritten(elaborate_source(src, "g.lpu", {}), m)      # (the graph prog.node indexes)
+    assert [(n.op, n.line) for n in g.nodes()] == [tuple(x) for x in prog.nodes]
+    where = [n.id for n in g.nodes() if n.op == "where"]
+    red = [n.id for n in g.nodes() if n.op == "max" and n.attrs["axis"] == 0]
+    assert len(where) == 1 and len(red) == 1
+    mx = prog.op == O.BY_NAME["MAX"].code
+    rows = g.node(where[0]).shape[0]
+    assert int((mx & (prog.node == where[0])).sum()) == rows // lower_reduce.FIRST_ROWS
+    assert int((mx & (prog.node == red[0])).sum()) < rows // lower_reduce.FIRST_ROWS
+    monkeypatch.setattr(lower_reduce, "first_blocks", lambda *a: None)
+    assert prog.predicted_cycles < compile_source(src, "g.lpu", machine=m)[0].predicted_cycles
 
 
 def test_packed_heads_fold_a_power_of_two_scale_into_the_mask_and_hand_f16_weights():
@@ -517,10 +570,13 @@ def test_a_where_whose_constant_condition_clashes_stages_the_constant(monkeypatc
     """A `where` whose condition (a constant, the causal mask) lies on a bank of its operand's
     row copies the condition (no dependency: any time before) and stays one chain; it had gone
     through three chains and two temporaries after the row was made (stragglers that held up
-    the softmax's max): fewer cycles on attention_prefill, results within tolerance."""
-    from lpu.compiler import lower_ops
+    the softmax's max): fewer cycles on attention_prefill, results within tolerance. (Its rows
+    made one at a time: with the max's first level in the where's chains, those stage their
+    conditions themselves, lower_ops._staged_conds.)"""
+    from lpu.compiler import lower_ops, lower_reduce
     m = MachineConfig.load("tsp-v1")
     src = _program("attention_prefill")
+    monkeypatch.setattr(lower_reduce, "first_blocks", lambda *a: None)
     done = _spy(monkeypatch, lower_ops, "_where_staged")
     prog, g, _, _ = run_checked(src, m, 19, "a.lpu")
     assert any(done) and all(done)
