@@ -8,7 +8,7 @@ wheels bundle it) in the library numpy loaded; 0 where there is none (another BL
 platform): the core then hands large batches to the host (emulator/run.py `_bulk`), which
 multiplies them with numpy. The address is an argument, not a constant of the jitted code, so
 Numba's cache holds nothing specific to one process. Thread settings are numpy's own (the same
-library, already initialised).
+library, already initialised), but for a system's worker processes (`set_threads`).
 """
 import ctypes
 import functools
@@ -25,21 +25,41 @@ ROW_MAJOR, NO_TRANS = 101, 111         # CBLAS_ORDER, CBLAS_TRANSPOSE
 SYMBOLS = ("scipy_cblas_dgemm64_", "cblas_dgemm64_")     # numpy's wheels, other ILP64 builds
 
 
+def _openblas():
+    """The OpenBLAS libraries numpy's wheel bundles (already loaded by numpy: the same handles)."""
+    top = os.path.dirname(np.__file__)
+    for path in sorted(glob.glob(os.path.join(top, os.pardir, "numpy.libs", "*openblas*")) +
+                       glob.glob(os.path.join(top, ".dylibs", "*openblas*"))):
+        try:
+            yield ctypes.CDLL(path)
+        except OSError:
+            continue
+
+
 @functools.cache
 def dgemm_address() -> int:
     """Address of numpy's ILP64 cblas_dgemm, or 0 if numpy's BLAS is not one this finds."""
-    top = os.path.dirname(np.__file__)
-    libs = sorted(glob.glob(os.path.join(top, os.pardir, "numpy.libs", "*openblas*")) +
-                  glob.glob(os.path.join(top, ".dylibs", "*openblas*")))
-    for path in libs:
-        try:
-            lib = ctypes.CDLL(path)            # already loaded by numpy: the same handle
-        except OSError:
-            continue
+    for lib in _openblas():
         for name in SYMBOLS:
             if hasattr(lib, name):
                 return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
     return 0
+
+
+THREAD_SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads")
+
+
+def set_threads(n: int) -> bool:
+    """Let numpy's OpenBLAS use n threads from now on (in this process): a system's worker
+    process takes its share of the cores (emulator/system.py), where OpenBLAS' default, one
+    thread a core, has the workers' idle BLAS threads spin on the cores the others compute on.
+    False where numpy's BLAS is not one this finds."""
+    for lib in _openblas():
+        for name in THREAD_SETTERS:
+            if hasattr(lib, name):
+                getattr(lib, name)(ctypes.c_int(n))
+                return True
+    return False
 
 
 @intrinsic

@@ -40,8 +40,10 @@ class RayGroup:
                 raise LpuError(cause.message, **cause.info) from None
             raise
 
-    def finish(self):
+    def send_finish(self):
         self.pending = self.actor.finish.remote()
+
+    def finished(self):
         return self._get()
 
     def close(self):

@@ -15,11 +15,12 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import multiprocessing as mp
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from lpu.emulator import cluster
+from lpu.emulator import blas, cluster
 from lpu.emulator.c2c import H_LINK_UNREAD, ChipRun
 from lpu.emulator.run import HazardError
 from lpu.isa.dtypes import NP_DTYPE
@@ -145,8 +146,9 @@ class Group:
         return self.results
 
 
-def _worker(conn, items, slot_cycles, trace, shared=None):
+def _worker(conn, items, slot_cycles, trace, shared=None, cores=1):
     try:
+        blas.set_threads(cores)              # its share of the cores (ProcessGroup)
         if shared is not None:             # started ahead (`start`): items hold each chip's rows, not its values
             g = _ahead(conn, items, slot_cycles, trace, shared)
             if g is None:
@@ -205,11 +207,12 @@ def _ahead(conn, items, slot_cycles, trace, shared):
 class ProcessGroup:
     """Some chips of a system, run in a local worker process."""
 
-    def __init__(self, items, slot_cycles: int, ctx, trace: bool = False, shared=None):
+    def __init__(self, items, slot_cycles: int, ctx, trace: bool = False, shared=None, workers: int = 1):
         self.conn, child = ctx.Pipe()
         if ctx.get_start_method() != "fork":       # pickled: without the parent's prepared state
             items = [(c, dataclasses.replace(p), v) for c, p, v in items]
-        self.proc = ctx.Process(target=_worker, args=(child, items, slot_cycles, trace, shared), daemon=True)
+        cores = max(1, (os.cpu_count() or 1) // workers)      # BLAS threads: the workers share the cores
+        self.proc = ctx.Process(target=_worker, args=(child, items, slot_cycles, trace, shared, cores), daemon=True)
         self.proc.start()
 
     def ready(self):
@@ -232,8 +235,10 @@ class ProcessGroup:
         self.send_step(until, deliveries)
         return self._get()
 
-    def finish(self):
+    def send_finish(self):
         self.conn.send(("finish",))
+
+    def finished(self):
         out = self._get()
         self.proc.join()
         return out
@@ -268,7 +273,7 @@ class Started:
         self.groups = []
         try:
             for g in range(n):
-                self.groups.append(ProcessGroup(items[g::n], sp.system.slot_cycles, ctx, trace, self.arrays))
+                self.groups.append(ProcessGroup(items[g::n], sp.system.slot_cycles, ctx, trace, self.arrays, n))
         except BaseException:
             self.close()
             raise
@@ -354,7 +359,7 @@ def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = Non
             else:
                 ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
                 for g in range(n):
-                    groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx, trace))
+                    groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx, trace, workers=n))
                 for g in groups:
                     g.ready()
             return _drive(sp, groups, values, parallel=True)
@@ -454,8 +459,13 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
             break
         until = _untils(paused, waiting, first, win, everyone, sends)
     results = {}
-    for g in groups:
-        results.update(g.finish())
+    if parallel:                          # every group finishes (and sends its results) at once
+        for g in groups:
+            g.send_finish()
+        for g in groups:
+            results.update(g.finished())
+    else:
+        results.update(groups[0].finish())
     chips = [results[c] for c in range(len(sp.chips))]
     outputs, states = {}, {}
     for name, c in sp.outputs.items():
