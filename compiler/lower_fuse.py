@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler import ops
+from lpu.compiler import lower_reduce, ops
 from lpu.compiler.chains import ChainBuilder
 from lpu.compiler.lower_common import imm_bits, nv_chunks, sxm_chain, vxm_chain
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
+from lpu.isa.machine import EAST, WEST
 
 MAX_FUSED = 3          # producers folded into one consumer: the chain's width stays small
 MAX_FUSED_SMALL = 4    # the same for a consumer of at most DUP_MAX_VECTORS vectors: a decode step's
@@ -109,20 +110,28 @@ def lower_fused(lw, n, operand):
     nvs = nv_chunks(n.shape, lw.lanes, out.shape[-1])
     nvs = [int(x) for x in np.broadcast_to(nvs, out.shape).reshape(-1)]
     group = _group_size(lw, tree, len(flat_out)) if _row_of_reduction(lw, n) else 1
-    k = 0
-    clashes = 0
-    while k < len(flat_out):
-        g = min(group, len(flat_out) - k)
-        while g > 1 and not _fused_chain(lw, n, tree, [(j, int(flat_out[j]), nvs[j]) for j in range(k, k + g)]):
-            g //= 2
-        if g == 1 and not _fused_chain(lw, n, tree, [(k, int(flat_out[k]), nvs[k])]):
-            clashes += 1
-            rare = clashes <= 1 + k // STAGE_RATE
-            if not (rare and _staged_chain(lw, n, tree, k, int(flat_out[k]), nvs[k])):
-                _unfused(lw, n, tree, k, (int(flat_out[k]), n.dtype), nvs[k])
-        k += g
+    done = _block_chains(lw, n, tree, out, nvs, group)
+    _rows(lw, n, tree, [j for j in range(len(flat_out)) if j not in done], flat_out, nvs, group)
     for r in lw.pending_free:
         lw.free_temp(r)
+
+
+def _rows(lw, n, tree, todo, flat_out, nvs, group):
+    """Output vectors `todo` (flat indexes) in chains of up to `group`, halved where one cannot
+    be placed; a vector alone that still cannot be is staged or made op by op."""
+    i = 0
+    clashes = 0
+    while i < len(todo):
+        g = min(group, len(todo) - i)
+        while g > 1 and not _fused_chain(lw, n, tree, [(j, int(flat_out[j]), nvs[j]) for j in todo[i:i + g]]):
+            g //= 2
+        k = todo[i]
+        if g == 1 and not _fused_chain(lw, n, tree, [(k, int(flat_out[k]), nvs[k])]):
+            clashes += 1
+            rare = clashes <= 1 + i // STAGE_RATE
+            if not (rare and _staged_chain(lw, n, tree, k, int(flat_out[k]), nvs[k])):
+                _unfused(lw, n, tree, k, (int(flat_out[k]), n.dtype), nvs[k])
+        i += g
 
 
 def small(lw, n) -> bool:
@@ -214,9 +223,67 @@ def _group_size(lw, tree, nvec) -> int:
     return max(1, min(GROUP, lw.m.vxm_alus // _ops(tree)))
 
 
-def _fused_chain(lw, n, tree, items) -> bool:
+def _block_chains(lw, n, tree, out, nvs, group) -> set:
+    """Rows of n whose sum across vectors is a lone reduction (a packed softmax's exponentials):
+    each aligned block of the sum's first level (lower_reduce.first_blocks) in one chain that
+    writes the block's rows and, from the same streams, their sum, which the reduction takes as
+    its first level (its own pairwise order): the sum's tree starts as the rows come out, not
+    after the pass. A block whose chain cannot be placed (operands on one bank) makes its rows
+    as the others are made and its sum read back from them right after (the same tree). Returns
+    the flat output indexes done."""
+    spec = lower_reduce.first_blocks(lw, n, "sum", _ops(tree), lower_reduce.SUM_ROWS,
+                                       lower_reduce.SUM_GROUPS) if len(n.shape) == 2 else None
+    if spec is None:
+        return set()
+    red, rows, slots = spec
+    done, held, ncol = set(), [], out.shape[-1]
+    flat_out = out.reshape(-1)
+    for (blk, col), slot in slots.items():
+        ks = [r * ncol + col for r in range(blk * rows, (blk + 1) * rows)]
+        lw.first_level[red]["pre"][blk, col] = (slot, "f32")
+        items = [(k, int(flat_out[k]), nvs[k]) for k in ks]
+        if not _fused_chain(lw, n, tree, items, slot) and not _staged_block(lw, n, tree, items, slot):
+            _rows(lw, n, tree, ks, flat_out, nvs, group)
+            lower_reduce.tree_chain(lw, n, O.VXM_BINARY["ADD"], [(int(flat_out[k]), n.dtype) for k in ks],
+                                    (slot, "f32"), lw.lanes, held)
+        done.update(ks)
+    lw.pending_free += held
+    return done
+
+
+def _staged_block(lw, n, tree, items, slot) -> bool:
+    """A block's chain (_block_chains) whose operands clash on a bank, after a copy of one row's
+    operand to slices no other operand of the block uses (as _staged_chain for one vector):
+    gpt2_block_prefill 3,422 -> 3,412, attention_prefill 891 -> 890 (with SUM_GROUPS 7). False (nothing added) when
+    no copy makes it fit."""
+    nsl = lw.ctx.nslices
+    leaves = [(k, p, v) for k, _, _ in items for p, v in _leaves(tree, k)]
+    bad = {(v[0] + i) % nsl for _, _, v in leaves for i in range(dtype_width(v[1]))}
+    for k, path, v in leaves:
+        grid, region = lw.temp((1, 12 * lw.lanes), v[1])
+        free = [int(b) for b in grid.reshape(-1) if not {(int(b) + i) % nsl for i in range(dtype_width(v[1]))} & bad]
+        if not free:
+            lw.free_temp(region)
+            continue
+        mark = len(lw.chains)
+        vxm_chain(lw, n, O.VXM_UNARY["CONV"], free[0], v[1], lw.lanes, v)
+        t = tree
+        for i in path[:-1]:
+            t = t[1][i][1]
+        copy = np.array(t[1][path[-1]][1][1]).reshape(-1)        # (row k's operand taken from the copy)
+        copy[k] = free[0]
+        staged = _replaced(tree, path, ("grid", copy, v[1]))
+        if _fused_chain(lw, n, staged, items, slot):
+            lw.pending_free.append(region)
+            return True
+        del lw.chains[mark:]
+        lw.free_temp(region)
+    return False
+
+
+def _fused_chain(lw, n, tree, items, total=None) -> bool:
     """One chain computing the output vectors `items` ((k, out slot, nv) each); operands they
-    share are READ once."""
+    share are READ once; with `total` (a slot), the pairwise sum of the items too (f32)."""
     c = lw.ctx
     vpos = c.m.vxm_pos
     cb = ChainBuilder(c, n.line, n.id)
@@ -255,10 +322,25 @@ def _fused_chain(lw, n, tree, items) -> bool:
         cb.vxm(_opcode(node), off, a, b, out_grp, nv=nv_, imm=imm, bimm=bimm)
 
     lat = c.lat[_opcode(n)]
+    level = []
     for k, out_slot, nv in items:
         go = (cb.write(out_slot, dtype_width(n.dtype), vpos, lat), DTYPE_CODE[n.dtype])
         emit(tree, 0, go, nv)
+        level.append(go)
     emit = None     # a recursive closure is a reference cycle: left, it holds the chain until a GC pass
+    add, turn, t = O.VXM_BINARY["ADD"], 0, lat
+    while total is not None and len(level) > 1:     # pairwise, an odd last item carried up
+        nxt = []
+        for i in range(0, len(level) - 1, 2):
+            turn ^= 1                  # (links alternate direction: half the planes each way)
+            d = EAST if turn else WEST
+            o = (cb.write(total, 4, vpos, t + c.lat[add]) if len(level) == 2 else
+                 cb.f.add_group(d, t + c.lat[add] - vpos if d == EAST else t + c.lat[add] + vpos, 4),
+                 DTYPE_CODE["f32"])
+            cb.vxm(add, t, level[i], level[i + 1], o, nv=c.lanes)
+            nxt.append(o)
+        level = nxt + level[len(level) - len(level) % 2:]
+        t += c.lat[add]
     if cb.mem_conflict():
         return False
     need: dict = {}

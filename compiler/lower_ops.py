@@ -185,7 +185,7 @@ def _where_max_blocks(lw, n, out, cond, a, b, cfloat, cdt) -> set:
     that writes the block's rows and, from the same streams, their max tree's partial, which the
     reduction takes as its first level (max is exact in any order): the rows' trip to SRAM and
     back to the VXM is no longer ahead of the max. Returns the output indexes done."""
-    spec = lower_reduce.first_blocks(lw, n)
+    spec = lower_reduce.first_blocks(lw, n, "max", 3)
     if spec is None:
         return set()
     red, leaves, slots = spec

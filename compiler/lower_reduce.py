@@ -78,7 +78,7 @@ def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop, post=None)
     if count == 1:
         for j, idx in enumerate(idxs):
             nv = nv_of(n.shape, lw.lanes, idx[-1])
-            _tree_chain(lw, n, vop, items[j], (int(outv[idx]), final_dt), nv, held, post)
+            tree_chain(lw, n, vop, items[j], (int(outv[idx]), final_dt), nv, held, post)
     for li, k in enumerate(levels):
         last = li == len(levels) - 1
         nxt = []
@@ -92,7 +92,7 @@ def _reduce_vectors(lw, n, src_n, src, out, axis, cdt, final_dt, vop, post=None)
                     parts.append(blk[0])
                     continue
                 d = (int(outv[idx]), final_dt) if last else (int(tmp[j, base + b]), cdt)
-                _tree_chain(lw, n, vop, blk, d, nv if last else lw.lanes, held, post if last else None)
+                tree_chain(lw, n, vop, blk, d, nv if last else lw.lanes, held, post if last else None)
                 parts.append(d)
             nxt.append(parts)
         items, base = nxt, base + k
@@ -109,33 +109,41 @@ FIRST_ROWS = 2      # rows of a where whose chain makes their max too (first_blo
 FIRST_GROUPS = 6    # groups of 4 slices nearest the VXM those maxima lie in (measured with 2 rows: 3, 4,
 #                     5, 6, 8, 10 -> attention_prefill 996, 965, 984, 956, 958, 956; gpt2_block_prefill
 #                     3,484, 3,442, 3,440, 3,441, 3,458, 3,457; the reduction's own _partials: 992)
+SUM_ROWS = 4        # the same for the rows of a fused elementwise tree and their sum (lower_fuse._block_chains;
+#                     with SUM_GROUPS 6: 2 -> attention_prefill 898, gpt2_block_prefill 3,431; 4 -> 880, 3,411)
+SUM_GROUPS = 6      # measured with 4 rows: 3, 4, 5, 6, 7, 8, 9, 10, 12 -> attention_prefill 979, 897, 896, 880,
+#                     890, 875, 886, 886, 887; gpt2_block_prefill 3,427, 3,421, 3,409, 3,411, 3,412, 3,417, 3,417, 3,412, 3,412
 
 
-def first_blocks(lw, src):
-    """(reduction id, rows per block, {(block, chunk): slot}) when `src`, a where of f32 rows (a
-    packed softmax's masked scores), is read by a lone max across its vectors (alone at its
-    depth, 2-D, not in a loop's trips): the where's lowering makes the max of each aligned block
-    of FIRST_ROWS rows in the chain that makes the rows, from the same streams
-    (lower_ops._where_max_blocks), into the FIRST_GROUPS groups of slices nearest the VXM, and
-    the reduction starts from those maxima (max is exact in any order), else None. The rows' trip
-    through SRAM and back is no longer ahead of the max: attention_prefill 971 -> 956,
+def first_blocks(lw, src, op="max", row_ops=3, rows=FIRST_ROWS, groups=FIRST_GROUPS):
+    """(reduction id, rows per block, {(block, chunk): slot}) when `src`, f32 rows of `row_ops`
+    VXM ops each (a where: a packed softmax's masked scores; a fused elementwise tree: its
+    exponentials), is read by a lone reduction `op` across its vectors (alone at its depth, 2-D,
+    not in a loop's trips): the source's lowering makes the reduction of each aligned block of
+    `rows` rows in the chain that makes the rows, from the same streams
+    (lower_ops._where_max_blocks, lower_fuse._block_chains), into the `groups` groups of slices
+    nearest the VXM, and the reduction starts from those partials, else None. A max is exact in
+    any order; a sum's aligned blocks (a power of two dividing its rows) are a level of its own
+    pairwise order (semantics.pairwise): the result is bit for bit the same. The rows' trip through SRAM and
+    back is no longer ahead of the reduction: the where's max: attention_prefill 971 -> 956,
     gpt2_block_prefill 3,475 -> 3,441."""
     us = [lw.g.node(u) for u in lw.g.users(src.id)]
-    red = [u for u in us if u.op == "max" and len(u.shape) == 2 and u.attrs["axis"] == 0]
-    if src.op != "where" or src.dtype != "f32" or len(src.shape) != 2 or len(red) != 1 \
+    red = [u for u in us if u.op == op and len(u.shape) == 2 and u.attrs["axis"] == 0]
+    if src.dtype != "f32" or len(src.shape) != 2 or len(red) != 1 \
             or lw.in_loop(src) or peers_across(lw, red[0]) != 1:
         return None
-    m, n, B = lw.m, red[0], FIRST_ROWS
+    m, n, B = lw.m, red[0], rows
     nb = src.shape[0] // B
-    if 4 * B - 1 > m.vxm_alus or B * 4 > m.streams_per_direction or nb < 2:
-        return None                    # (a row: KEEP, DROP, ADD and a MAX; two f32 links)
+    if (row_ops + 1) * B - 1 > m.vxm_alus or B * 4 > m.streams_per_direction or nb < 2 \
+            or op == "sum" and src.shape[0] % B:
+        return None                    # (a row's ops and a reduction op; two f32 links)
     nvec = -(-n.shape[1] // lw.lanes)          # (its output vectors: one row of chunks)
     ns = m.mem_slices
 
     def dist(s0):
         return max(abs(m.slice_pos(s) - m.vxm_pos) for s in range(s0, s0 + 4))
 
-    near = sorted(range(0, ns, 4), key=lambda s0: (dist(s0), s0))[:FIRST_GROUPS]
+    near = sorted(range(0, ns, 4), key=lambda s0: (dist(s0), s0))[:groups]
     size = (-(-nvec * nb // len(near)) + 1) * ns
     start = lw.alloc.alloc(size, "a max's first level")
     base = -(-start // ns) * ns
@@ -209,7 +217,7 @@ def _too_wide(cb, streams) -> bool:
     return max(need.values()) > streams
 
 
-def _tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
+def tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
     """One chain: the pairwise tree of `leaves` ((slot, dtype) each) on the VXM, every op fed
     from the streams at the cycle its operands are ready; the root (or `post`, an op with an
     immediate applied to it, e.g. mean's division) is written to dst = (slot, dtype)."""
@@ -254,16 +262,16 @@ def _tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
     emit = None     # a recursive closure is a reference cycle: left, it holds the chain until a GC pass
     conflict = cb.mem_conflict()
     if len(leaves) == 2 and conflict:     # two leaves on one bank in one cycle: copy one first
-        _tree_chain(lw, n, vop, [leaves[0], stage(lw, n, leaves[1], leaves[0])], dst, nv, held, post)
+        tree_chain(lw, n, vop, [leaves[0], stage(lw, n, leaves[1], leaves[0])], dst, nv, held, post)
         return
     if len(leaves) > 2 and (conflict or _too_wide(cb, c.m.streams_per_direction)):   # halves, then join
         half = 1 << (len(leaves) - 1).bit_length() - 1
         tgrid, region = lw.temp((2, lw.lanes), cdt)
         held.append(region)               # freed after the level: no reuse, no waits within it
         a, b = (int(tgrid[0, 0]), cdt), (int(tgrid[1, 0]), cdt)
-        _tree_chain(lw, n, vop, leaves[:half], a, lw.lanes, held)
-        _tree_chain(lw, n, vop, leaves[half:], b, lw.lanes, held)
-        _tree_chain(lw, n, vop, [a, b], dst, nv, held, post)
+        tree_chain(lw, n, vop, leaves[:half], a, lw.lanes, held)
+        tree_chain(lw, n, vop, leaves[half:], b, lw.lanes, held)
+        tree_chain(lw, n, vop, [a, b], dst, nv, held, post)
         return
     lw.chains.append(cb.chain())
 
@@ -301,7 +309,7 @@ def _reduce_lanes(lw, n, src_n, src, out, cdt, final_dt, vop, post=None):
             vecs[-1] = (tb, cdt)
         cur = vecs[0]
         if 1 < chunks <= tree:            # the chunks in one pairwise tree chain
-            _tree_chain(lw, n, vop, vecs, (ta, cdt), lanes, held)
+            tree_chain(lw, n, vop, vecs, (ta, cdt), lanes, held)
             cur = (ta, cdt)
         for j in range(1, chunks if chunks > tree else 0):   # (more than a chain takes: in turn)
             vxm_chain(lw, n, vop, ta, cdt, lanes, cur, vecs[j])
@@ -347,7 +355,7 @@ def lower_lanefold(lw, n):
             t1, region = lw.temp((1, lanes), cdt)
             held.append(region)
         ta = int(t1[0, 0])
-        _tree_chain(lw, n, vop, vecs, (ta, cdt), lanes, held)
+        tree_chain(lw, n, vop, vecs, (ta, cdt), lanes, held)
         gather(lw, n, [(ta, cdt)], [(ta, cdt, O.ROTATE, -half)], vop, dst, cdt, n.dtype, lanes, post, held)
     for region in held:
         lw.free_scratch(region)

@@ -62,6 +62,35 @@ def test_a_lone_reduction_takes_leaves_from_both_sides_in_one_chain(monkeypatch)
     assert 16 in seen and np.array_equal(np.asarray(res.outputs["s"]), np.asarray(run_reference(g, vals)[0]["s"]))
     with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs", "attention_prefill.lpu")) as f:
         att = f.read()
+    from lpu.compiler import lower_fuse       # (its sum's first level made in the exp chains: no _tree_leaves both)
+    monkeypatch.setattr(lower_fuse, "_block_chains", lambda *a: set())
     wide = compile_source(att, "a.lpu", machine=m)[0].predicted_cycles
     monkeypatch.setattr(lower_reduce, "_tree_leaves", lambda lw, dt, both=False: real(lw, dt))
     assert wide < compile_source(att, "a.lpu", machine=m)[0].predicted_cycles
+
+
+def test_a_lone_sum_starts_in_its_sources_chains(monkeypatch):
+    """The rows of a fused elementwise tree read by a lone sum across its vectors (a packed
+    softmax's exponentials) make each aligned block's sum in the chains that make the rows
+    (lower_fuse._block_chains): the sum's first level, in its own pairwise order (results equal
+    to the reference bit for bit), and attention_prefill is faster than without."""
+    from lpu.compiler import lower_fuse
+    m = MachineConfig.load("tsp-v1")
+    made, real = [], lower_fuse._block_chains
+    def spy(*a):
+        done = real(*a)
+        made.append(len(done))
+        return done
+    monkeypatch.setattr(lower_fuse, "_block_chains", spy)
+    for rows, blocked in ((64, 64), (12, 12), (66, 0)):     # (66: blocks of 4 would not be a level of its order)
+        made.clear()
+        src = f"input x : f32[{rows}, 256]\ninput b : f32[1, 256]\noutput s = sum((x - b) * 0.5, axis=0)\n"
+        prog, g, vals, res = run_checked(src, m, 3, "r.lpu")
+        assert made == [blocked] and np.array_equal(np.asarray(res.outputs["s"]), np.asarray(run_reference(g, vals)[0]["s"]))
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs", "attention_prefill.lpu")) as f:
+        att = f.read()
+    made.clear()
+    fast = compile_source(att, "a.lpu", machine=m)[0].predicted_cycles
+    assert 64 in made
+    monkeypatch.setattr(lower_fuse, "_block_chains", lambda *a: set())
+    assert fast < compile_source(att, "a.lpu", machine=m)[0].predicted_cycles
