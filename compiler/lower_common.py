@@ -68,6 +68,20 @@ def stage(lw, node, v, avoid):
     raise AssertionError("no staging slot")
 
 
+def copy_outside(lw, node, v, bad):
+    """Copy vector v = (base, dtype) to a temporary whose slices are not in `bad` (slice numbers):
+    (its base, the temporary's region, still held), or None (nothing added or held) where none
+    of 12 temporary vectors lies outside."""
+    nsl = lw.ctx.nslices
+    grid, region = lw.temp((1, 12 * lw.lanes), v[1])      # 12 vectors: some miss bad's slices
+    free = [int(b) for b in grid.reshape(-1) if not {(int(b) + i) % nsl for i in range(dtype_width(v[1]))} & bad]
+    if not free:
+        lw.free_temp(region)
+        return None
+    vxm_chain(lw, node, O.VXM_UNARY["CONV"], free[0], v[1], lw.lanes, v)
+    return free[0], region
+
+
 def sxm_chain(lw, node, op, src, dst, dtype, param, h=None):
     """READ -> one SXM op -> WRITE (lane moves that keep the dtype)."""
     c = lw.ctx

@@ -22,7 +22,7 @@ import numpy as np
 
 from lpu.compiler import lower_reduce, ops
 from lpu.compiler.chains import ChainBuilder
-from lpu.compiler.lower_common import imm_bits, nv_chunks, sxm_chain, vxm_chain
+from lpu.compiler.lower_common import copy_outside, imm_bits, nv_chunks, sxm_chain, vxm_chain
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, FLOATS, dtype_width
 from lpu.isa.machine import EAST, WEST
@@ -260,18 +260,16 @@ def _staged_block(lw, n, tree, items, slot) -> bool:
     leaves = [(k, p, v) for k, _, _ in items for p, v in _leaves(tree, k)]
     bad = {(v[0] + i) % nsl for _, _, v in leaves for i in range(dtype_width(v[1]))}
     for k, path, v in leaves:
-        grid, region = lw.temp((1, 12 * lw.lanes), v[1])
-        free = [int(b) for b in grid.reshape(-1) if not {(int(b) + i) % nsl for i in range(dtype_width(v[1]))} & bad]
-        if not free:
-            lw.free_temp(region)
-            continue
         mark = len(lw.chains)
-        vxm_chain(lw, n, O.VXM_UNARY["CONV"], free[0], v[1], lw.lanes, v)
+        got = copy_outside(lw, n, v, bad)
+        if got is None:
+            continue
+        slot0, region = got
         t = tree
         for i in path[:-1]:
             t = t[1][i][1]
         copy = np.array(t[1][path[-1]][1][1]).reshape(-1)        # (row k's operand taken from the copy)
-        copy[k] = free[0]
+        copy[k] = slot0
         staged = _replaced(tree, path, ("grid", copy, v[1]))
         if _fused_chain(lw, n, staged, items, slot):
             lw.pending_free.append(region)
@@ -385,14 +383,12 @@ def _staged_chain(lw, n, tree, k, out_slot, nv) -> bool:
         if path != same[0]:
             continue
         bad = {(o[0] + i) % nsl for p, o in leaves if o != v for i in range(dtype_width(o[1]))}
-        grid, region = lw.temp((1, 12 * lw.lanes), v[1])      # 12 vectors: some miss the others' slices
-        free = [int(b) for b in grid.reshape(-1) if not {(int(b) + i) % nsl for i in range(dtype_width(v[1]))} & bad]
-        if not free:
-            lw.free_temp(region)
-            continue
         mark = len(lw.chains)
-        vxm_chain(lw, n, O.VXM_UNARY["CONV"], free[0], v[1], lw.lanes, v)
-        copy = np.full(k + 1, free[0], np.int64)
+        got = copy_outside(lw, n, v, bad)
+        if got is None:
+            continue
+        slot0, region = got
+        copy = np.full(k + 1, slot0, np.int64)
         staged = tree
         for p in same:
             staged = _replaced(staged, p, ("grid", copy, v[1]))

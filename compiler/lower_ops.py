@@ -228,21 +228,39 @@ def _staged_conds(lw, n, rows):
     return out
 
 
+def _add_if_streams_fit(lw, cb) -> bool:
+    """Add chain cb unless it needs more streams on some (direction, offset) than a direction has."""
+    need = {}
+    for d, koff, w in cb.groups:
+        need[(d, koff)] = need.get((d, koff), 0) + w
+    if max(need.values()) > lw.ctx.m.streams_per_direction:
+        return False
+    lw.chains.append(cb.chain())
+    return True
+
+
+def _reader(cb, vpos):
+    """read(v) for chain cb: v = (base, dtype) read at the VXM once per (base, width), as
+    (group, dtype code); None for an immediate."""
+    groups = {}
+
+    def read(v):
+        if v[0] == "imm":
+            return None
+        key = (v[0], dtype_width(v[1]))
+        if key not in groups:
+            groups[key] = cb.read(v[0], key[1], vpos, 0)
+        return groups[key], DTYPE_CODE[v[1]]
+    return read
+
+
 def _where_max_chain(lw, node, rows, slot, out_dt, cdt) -> bool:
     """One chain: the where of each row ((out base, nv, c, x, y) each) and the pairwise MAX tree
     of the results, the root written to `slot` (f32); False (nothing added) when it cannot be placed."""
     ctx = lw.ctx
     cb = ChainBuilder(ctx, node.line, node.id)
     vpos = ctx.m.vxm_pos
-    reads = {}
-
-    def read(v):
-        if v[0] == "imm":
-            return None
-        key = (v[0], dtype_width(v[1]))
-        if key not in reads:
-            reads[key] = cb.read(v[0], key[1], vpos, 0)
-        return reads[key], DTYPE_CODE[v[1]]
+    read = _reader(cb, vpos)
 
     def link(off, w):             # VXM to VXM, the directions alternating (half the planes each way)
         turn[0] ^= 1
@@ -274,13 +292,7 @@ def _where_max_chain(lw, node, rows, slot, out_dt, cdt) -> bool:
         t += ctx.lat[mx]
     if cb.mem_conflict() or 4 * len(rows) - 1 > ctx.m.vxm_alus:
         return False
-    need = {}
-    for d, koff, w in cb.groups:
-        need[(d, koff)] = need.get((d, koff), 0) + w
-    if max(need.values()) > ctx.m.streams_per_direction:
-        return False
-    lw.chains.append(cb.chain())
-    return True
+    return _add_if_streams_fit(lw, cb)
 
 
 def _where_staged(lw, node, out_base, out_dt, cdt, nv, c, x, y) -> bool:
@@ -301,15 +313,7 @@ def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y) -> bool:
         return False
     cb = ChainBuilder(ctx, node.line, node.id)
     vpos = ctx.m.vxm_pos
-    groups = {}
-
-    def read(v):
-        if v[0] == "imm":
-            return None
-        key = (v[0], dtype_width(v[1]))
-        if key not in groups:
-            groups[key] = cb.read(v[0], key[1], vpos, 0)
-        return groups[key], DTYPE_CODE[v[1]]
+    read = _reader(cb, vpos)
 
     gc, gx, gy = read(c), read(x), read(y)
     if cb.mem_conflict():
@@ -322,13 +326,7 @@ def _where_chain(lw, node, out_base, out_dt, cdt, nv, c, x, y) -> bool:
         cb.vxm(op, 0, g, gc, t, nv=ctx.lanes, imm=imm, bimm=bimm)
     go = (cb.write(out_base, dtype_width(out_dt), vpos, lat + ctx.lat[add]), DTYPE_CODE[out_dt])
     cb.vxm(add, lat, links[0], links[1], go, nv=nv)
-    need = {}
-    for d, koff, w in cb.groups:
-        need[(d, koff)] = need.get((d, koff), 0) + w
-    if max(need.values()) > ctx.m.streams_per_direction:
-        return False
-    lw.chains.append(cb.chain())
-    return True
+    return _add_if_streams_fit(lw, cb)
 
 
 # ---- data movement -------------------------------------------------------------------------
