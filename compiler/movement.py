@@ -11,6 +11,7 @@ import numpy as np
 
 from lpu.compiler.chains import ChainBuilder, sxm_rows
 from lpu.compiler.lower_common import gather_chain, sxm_vxm_chain, vxm_chain
+from lpu.compiler.rewrite_pair import live
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, DTYPE_WIDTH, dtype_width
 from lpu.isa.machine import EAST, WEST
@@ -191,15 +192,84 @@ def tfold(lw, n):
     the lanes: one block through the SXM transpose buffers whose rows are x's rows, then x's
     rows rotated by -step, -2 * step, ... on their way in (READ, ROTATE, TPIN in one chain: no
     copy in SRAM); buffer column col read out holds x[r, col + j * step] in lane j * R + r, and
-    only the columns of the runs are read out."""
+    only the columns of the runs are read out. Where x's zeros are known (a causal softmax's p.T:
+    rewrite_pair.live) and the SXM's buffer is clean, each column is read out as soon as the
+    rows it needs are in (`_fold_streamed`)."""
     x = lw.g.node(n.inputs[0])
     R, a = x.shape[0], n.attrs
     src = np.asarray(lw.grid[x.id]).reshape(R, -1)[:, 0]
     rows = np.tile(src, a["parts"]).reshape(1, a["parts"] * R, 1)
     rots = np.repeat(-a["step"] * np.arange(a["parts"]), R)
     cols = np.concatenate([np.arange(s, s + a["count"]) for s in a["starts"]])
-    transpose_grid(lw, n, rows, (a["parts"] * R, n.shape[0]), lw.grid[n.id].reshape(1, n.shape[0], -1), x.dtype,
-                   rots, cols, tfold_sxm(lw.g, n))
+    h = tfold_sxm(lw.g, n)
+    dst = lw.grid[n.id].reshape(1, n.shape[0], -1)
+    need = _fold_need(lw, n, x, cols)
+    if need is not None and not lw.in_loop(n) and \
+            not any(lw.ctx.tp_dirty.get((h, p), 0) for p in range(O.SXM_TRANSPOSE_BUFFERS)):
+        _fold_streamed(lw, n, rows.reshape(-1), rots, cols, h, need, dst.reshape(-1), x.dtype)
+        return
+    transpose_grid(lw, n, rows, (a["parts"] * R, n.shape[0]), dst, x.dtype, rots, cols, h)
+
+
+def _fold_need(lw, n, x, cols):
+    """need[j, i]: buffer row j of tfold n holds a value that column cols[i] reads and that
+    may be non-zero (x's known zeros: rewrite_pair.live), or None (not known, or a column
+    that needs no row)."""
+    lv = live(lw.g, x.id)
+    if lv is None:
+        return None
+    R, W = x.shape
+    a, lanes = n.attrs, lw.lanes
+    j = np.arange(a["parts"] * R)
+    src = (cols[None, :] + (j // R * a["step"])[:, None]) % lanes        # ROTATE by -k * step
+    need = np.zeros(src.shape, bool)
+    ok = src < W
+    need[ok] = lv[np.broadcast_to((j % R)[:, None], src.shape)[ok], src[ok]]
+    return need if need.any(axis=0).all() else None
+
+
+def _fold_streamed(lw, n, rows, rots, cols, h, need, dst, dtype):
+    """A tfold's chains in the order its columns can be read out: before each column (TPOUT)
+    the rows it needs that are not in yet (TPIN), the TPOUT after those TPINs only (a fold
+    marker, not the SXM's TPIN marker). The buffer is clean (no earlier transpose on this
+    SXM: its TPINs wait for no TPOUT), so a row not in yet reads as 0 where the column reads
+    it, which is x's value there. Rows no column needs are not filled."""
+    c = lw.ctx
+    w, dt = dtype_width(dtype), DTYPE_CODE[dtype]
+    spos = c.m.sxm_pos(h)
+    fold = ("tfold", h, n.id)
+    done = np.zeros(len(rows), bool)
+    for i, col in enumerate(cols):
+        for j in np.flatnonzero(need[:, i] & ~done):
+            _tpin_chain(lw, n, h, spos, int(rows[j]), int(rots[j]), w, dt, int(j), (),
+                        ((("tpin", h), 0), (fold, 0)))
+            done[j] = True
+        _tpout_chain(lw, n, h, spos, int(col), int(dst[i]), w, dt, ((fold, 1),))
+    for p in range(w):
+        c.tp_dirty[(h, p)] = int(np.flatnonzero(done).max()) + 1
+
+
+def _tpin_chain(lw, n, h, spos, slot, k, w, dt, row, after, mark):
+    """READ slot (ROTATE it by k on the SXM where k), TPIN it as buffer row `row`."""
+    c = lw.ctx
+    cb = ChainBuilder(c, n.line, n.id)
+    if k:
+        t = -c.lat[O.ROTATE]
+        gr = cb.read(slot, w, spos, t)
+        gi = cb.link(spos, spos, 0, w)
+        cb.sxm(O.ROTATE, h, t, (gr, dt), (gi, dt), k)
+    else:
+        gi = cb.read(slot, w, spos, 0)
+    cb.tpin(h, 0, (gi, dt), row, after=after, mark=mark)
+    lw.chains.append(cb.chain())
+
+
+def _tpout_chain(lw, n, h, spos, col, out, w, dt, after):
+    """TPOUT buffer column col straight to SRAM slot out."""
+    cb = ChainBuilder(lw.ctx, n.line, n.id)
+    go = cb.write(out, w, spos, lw.ctx.lat[O.TPOUT])
+    cb.tpout(h, 0, col, (go, dt), after, ((("tpout", h), 0),))
+    lw.chains.append(cb.chain())
 
 
 def tfold_sxm(g, n) -> int:
@@ -243,34 +313,24 @@ def transpose_grid(lw, n, src, shape, dst, dtype, rots=None, cols=None, sxm=None
                     zeros = lw.zero_vectors()
                     rows += [int(zeros[j % len(zeros)]) for j in range(stale - nr)]
                     stale = nr
-                for r, slot in enumerate(rows):
-                    cb = ChainBuilder(c, n.line, n.id)
+                for r, slot in enumerate(rows):     # (tfold: rotated on the SXM on their way in)
                     k = int(rots[rb * lanes + r]) if rots is not None and rb * lanes + r < len(rots) else 0
-                    if k:      # (tfold) rotated by the SXM on its way into the buffer
-                        t = -c.lat[O.ROTATE]
-                        gr = cb.read(slot, w, spos, t)
-                        gi = cb.link(spos, spos, 0, w)
-                        cb.sxm(O.ROTATE, h, t, (gr, dt), (gi, dt), k)
-                    else:
-                        gi = cb.read(slot, w, spos, 0)
-                    cb.tpin(h, 0, (gi, dt), r, after=((("tpout", h), 1),), mark=((("tpin", h), 0),))
-                    lw.chains.append(cb.chain())
+                    _tpin_chain(lw, n, h, spos, slot, k, w, dt, r, ((("tpout", h), 1),), ((("tpin", h), 0),))
                 for k in keys if not loop else [(x, p) for x in (0, 1) for p in range(max(DTYPE_WIDTH))]:
                     c.tp_dirty[k] = max(stale, nr)       # (a loop's: any, its trips replayed)
                 for col in range(min(lanes, C - cbk * lanes)):
-                    cb = ChainBuilder(c, n.line, n.id)
                     out = int(d3[b, cbk * lanes + col, rb])
                     after, mark = ((("tpin", h), 1),), ((("tpout", h), 0),)
                     if stale <= nr:
-                        go = cb.write(out, w, spos, c.lat[O.TPOUT])
-                        cb.tpout(h, 0, col if cols is None else int(cols[col]), (go, dt), after, mark)
+                        _tpout_chain(lw, n, h, spos, col if cols is None else int(cols[col]), out, w, dt, after)
                     else:   # stale buffer rows past nr: zero those lanes on the VXM
+                        cb = ChainBuilder(c, n.line, n.id)
                         t0 = -(c.lat[O.TPOUT] + abs(vpos - spos))
                         gl = cb.link(spos, vpos, 0, w)
                         cb.tpout(h, t0, col if cols is None else int(cols[col]), (gl, dt), after, mark)
                         go = cb.write(out, w, vpos, c.lat[conv])
                         cb.vxm(conv, 0, (gl, dt), None, (go, dt), nv=nr)
-                    lw.chains.append(cb.chain())
+                        lw.chains.append(cb.chain())
 
 
 def rope_tables(shape, pos, theta):

@@ -14,7 +14,9 @@ from lpu.compiler.movement import tfold_sxm
 from lpu.compiler.partition import LINK_PREFIX
 from lpu.isa.opcodes import dtype_width
 
-NEAR_SLICES = 20     # slices a side that near_region uses
+NEAR_SLICES = 20     # slices a side that near_region uses (vxm_to_vxm)
+FOLDED_SLICES = 6    # the same for a tensor folded through both SXMs (folded)
+OUTPUT_SLICES = 2    # the same for an output made on the VXM (vxm_output)
 EDGE_SLICES = 16     # slices at an edge that a weight installed whole lies in (edge_weights)
 EDGE_SHARE = 0.125   # of the SRAM those weights may take so laid
 FOLD_SLICES = 8      # slices at an edge that a tfold's rows lie in (between its SXM and its plane pair)
@@ -31,7 +33,8 @@ def temp_region(lw, n, aliased):
     if side is not None:
         return side_region(lw, n.shape, n.dtype, side, n.id, what)
     if vxm_output(lw, n) if aliased else vxm_to_vxm(lw, n):
-        return near_region(lw, n.shape, n.dtype, None if aliased else n.id, what)
+        k = OUTPUT_SLICES if aliased else FOLDED_SLICES if folded(lw, n) else NEAR_SLICES
+        return near_region(lw, n.shape, n.dtype, None if aliased else n.id, what, k)
     return None
 
 
@@ -120,27 +123,39 @@ def vxm_to_vxm(lw, n) -> bool:
     3,669, 3,622, 3,503, 3,495, 3,507, 3,536, 3,566 (few slices: their banks crowd)."""
     if lw.near_vxm is not None or lw.in_loop(n) or n.op not in ops.ELEMENTWISE:
         return False
-    us = [lw.g.node(u) for u in lw.g.users(n.id)]
-    if len(us) > 1 and all(u.op == "tfold" for u in us):
+    if folded(lw, n):
         return True          # (folded through both SXMs: the VXM's slices are halfway to each)
+    us = [lw.g.node(u) for u in lw.g.users(n.id)]
     vxm = all(u.op in ops.ELEMENTWISE or reduced_across(lw, u.id) for u in us)
     return vxm and any(reduced_across(lw, u.id) for u in us)
 
 
+def folded(lw, n) -> bool:
+    """n is folded through both SXMs (its users tfolds: rewrite_pair): every row goes to both,
+    from the FOLDED_SLICES slices a side nearest the VXM, not NEAR_SLICES. Measured (with the
+    streamed folds, movement._fold_streamed; 4, 6, 8, 12, 16, 20): attention_prefill 848, 845,
+    849, 851, 856, 864 (2: 899, their banks crowd)."""
+    us = [lw.g.node(u) for u in lw.g.users(n.id)]
+    return len(us) > 1 and all(u.op == "tfold" for u in us)
+
+
 def vxm_output(lw, n) -> bool:
-    """n, an output's value, is made on the VXM: `near_region` (its last writes are the
-    program's end). Not a value a pipeline stage sends over a link (named LINK_PREFIX...): its
+    """n, an output's value, is made on the VXM: `near_region`, in the OUTPUT_SLICES slices a
+    side nearest it (its last writes are the program's end; 20 slices a side had put the last
+    rows up to 20 hops away; with 2, 4, 8, 16: attention_prefill 864 -> 849, 851, 855, 863,
+    gpt2_block_prefill 3,411 -> 3,405, 3,407, 3,411, llama_block_prefill 6,106 -> 6,090,
+    6,090, 6,094, mlp 594 -> 580, 582, 582, matmul 257 -> 242, 244, 248). Not a value a pipeline stage sends over a link (named LINK_PREFIX...): its
     SENDs read it a vector per link slot, and the near slices' banks spaced them further apart."""
     outs = [lw.g.node(u).attrs.get("name", "") for u in lw.g.users(n.id) if lw.g.node(u).op == "output"]
     return lw.near_vxm is None and not lw.in_loop(n) and n.op in ops.ELEMENTWISE and \
         not any(o.startswith(LINK_PREFIX) for o in outs)
 
 
-def near_region(lw, shape, dtype, owner, what):
-    """A region whose vectors lie in the NEAR_SLICES slices nearest the VXM on each side,
-    alternating west and east (`window_region`)."""
+def near_region(lw, shape, dtype, owner, what, k):
+    """A region whose vectors lie in the k slices (at least a vector's planes) nearest the VXM
+    on each side, alternating west and east (`window_region`)."""
     half = lw.m.mem_slices_per_hemisphere
-    k = min(NEAR_SLICES, half)
+    k = min(max(k, dtype_width(dtype)), half)
     return window_region(lw, shape, dtype, ((half - k, k), (half, k)), owner, what)
 
 

@@ -26,6 +26,8 @@ folds' rows at the edge in 8, 4, 16, 24, 44 (a hemisphere) slices 965, 983, 972,
 """
 from __future__ import annotations
 
+import numpy as np
+
 from lpu.compiler.ir import IRGraph
 from lpu.compiler.rewrite import DROP, rebuild
 
@@ -86,3 +88,41 @@ def pair_heads(g: IRGraph, lanes: int) -> IRGraph:
         u = add("concat", (m[u1.id], m[u2.id]), (2 * u1.shape[0], u1.shape[1]), u1.dtype, {"axis": 0})
         return add("matmul", (p, u), n.shape, n.dtype, {})
     return rebuild(g, node)
+
+
+def live(g: IRGraph, nid: int):
+    """Where the values of n = a packed softmax's p.T may be non-zero (bool, n's shape), or
+    None where that is not known: p.T = f16(e / sum(e)), e = exp(c * (where(cond, s, -inf) -
+    max)) with cond a constant, c > 0, the max and the sum over axis 0 of the same operand; the
+    rows cond drops are exp(-inf) = 0. (A column whose max is not a number has no such zeros,
+    but then each of its kept values is NaN too, and so is every product row that reads the
+    column: a tfold may read those rows as zeros, lowering/movement.tfold.)"""
+    n = g.node(nid)
+    if n.op == "cast" and n.dtype in ("f16", "f32"):
+        n = g.node(n.inputs[0])
+    if n.op != "div" or g.node(n.inputs[1]).op != "sum" or g.node(n.inputs[1]).inputs[0] != n.inputs[0] \
+            or g.node(n.inputs[1]).attrs["axis"] != 0:
+        return None
+    e = g.node(n.inputs[0])
+    if e.op != "exp":
+        return None
+    x = g.node(e.inputs[0])
+    if x.op == "mul":
+        c = g.node(x.inputs[1])
+        if c.op != "const" or c.shape != () or not float(np.asarray(c.attrs["value"])) > 0:
+            return None
+        x = g.node(x.inputs[0])
+    if x.op != "sub" or g.node(x.inputs[1]).op != "max" or g.node(x.inputs[1]).inputs[0] != x.inputs[0] \
+            or g.node(x.inputs[1]).attrs["axis"] != 0:
+        return None
+    w = g.node(x.inputs[0])
+    if w.op != "where":
+        return None
+    cond, other = (g.node(i) for i in (w.inputs[0], w.inputs[2]))
+    if cond.op != "const" or other.op != "const" or other.shape != () or \
+            float(np.asarray(other.attrs["value"])) != -np.inf:
+        return None
+    keep = np.broadcast_to(np.asarray(cond.attrs["value"]) != 0, w.shape)
+    if keep.shape != tuple(g.node(nid).shape):
+        return None
+    return keep | ~keep.any(axis=0)          # (a column cond drops whole: NaN throughout)

@@ -5,6 +5,7 @@ import numpy as np
 
 from lpu.compiler import driver, semantics
 from lpu.compiler.frontend import elaborate_source
+from lpu.compiler.verify import _Expanded
 from lpu.compiler.driver import compile_source, rewritten
 from lpu.isa import opcodes as O
 from lpu.isa.machine import MachineConfig
@@ -25,7 +26,8 @@ def test_tfold_stacks_the_columns_step_apart_below_the_transpose():
 
 
 def _count(prog, name) -> int:
-    return int((prog.op == O.BY_NAME[name].code).sum())
+    """Instructions `name` issued (REPEATs expanded)."""
+    return int((_Expanded(prog).op == O.BY_NAME[name].code).sum())
 
 
 def test_attention_prefill_pairs_its_heads_products_on_both_sxms(monkeypatch):
@@ -62,3 +64,30 @@ def test_shorter_prompts_fold_by_their_own_step():
     folds = [n for n in g.nodes() if n.op == "tfold"]
     assert sorted((n.attrs["step"], n.attrs["starts"], n.shape) for n in folds) == [(32, (0,), (32, 64)), (32, (64,), (32, 64))]
     run_checked(src, m, 7, "a.lpu")
+
+
+def test_a_causal_fold_reads_each_column_out_once_its_rows_are_in(monkeypatch):
+    """p.T's zeros are known (rewrite_pair.live: the causal mask's dropped keys), so each fold
+    reads a column out (TPOUT) as soon as the rows that column needs are in, not after all 128
+    TPINs: on each SXM the first TPOUT comes before the last TPIN, and the program is faster
+    than with every column read after the whole buffer is in."""
+    from lpu.compiler import movement
+    from lpu.compiler.rewrite_pair import live
+    from tests.property.common import issue_cycles
+    m = MachineConfig.load("tsp-v1")
+    src = _program("attention_prefill")
+    g = rewritten(elaborate_source(src, "a.lpu", {}), m)
+    (pt,) = {n.inputs[0] for n in g.nodes() if n.op == "tfold"}
+    q = np.arange(256) % 64
+    assert np.array_equal(live(g, pt), np.arange(64)[:, None] <= q[None, :])
+    assert live(g, g.node(pt).inputs[0]) is not None and live(g, g.users(pt)[0]) is None
+    prog, _ = compile_source(src, "a.lpu", {}, m)
+    cyc = issue_cycles(prog)
+    sxm = np.array([m.queues[int(x)][0].split(".")[0] for x in prog.queue])
+    for s in ("sxm0", "sxm1"):
+        tin = cyc[(prog.op == O.BY_NAME["TPIN"].code) & (sxm == s)]
+        tout = cyc[(prog.op == O.BY_NAME["TPOUT"].code) & (sxm == s)]
+        assert tout.min() < tin.max() - 32
+    monkeypatch.setattr(movement, "_fold_need", lambda *a: None)
+    whole, _ = compile_source(src, "a.lpu", {}, m)
+    assert prog.predicted_cycles < whole.predicted_cycles

@@ -526,15 +526,15 @@ def test_a_packed_softmax_keeps_its_rows_next_to_the_vxm(monkeypatch):
 
 
 def test_an_output_made_on_the_vxm_lies_next_to_it(monkeypatch):
-    """mlp's output (its last op's rows, on the VXM) lies in the slices nearest the VXM
-    (placement.near_region; first fit had put rows up to 44 hops away, the program's last writes):
-    fewer cycles, results within tolerance."""
+    """mlp's output (its last op's rows, on the VXM) lies in the OUTPUT_SLICES slices a side
+    nearest the VXM (placement.near_region; first fit had put rows up to 44 hops away, the
+    program's last writes): fewer cycles, results within tolerance."""
     from lpu.compiler import placement
     m = MachineConfig.load("tsp-v1")
     src = _program("mlp")
     prog, g, _, _ = run_checked(src, m, 19, "mlp.lpu")
     out = [s for s in prog.symbols if s.kind == "output"]
-    assert out and all(np.abs(np.vectorize(m.slice_pos)(s.slices) - m.vxm_pos).max() <= placement.NEAR_SLICES + 1
+    assert out and all(np.abs(np.vectorize(m.slice_pos)(s.slices) - m.vxm_pos).max() <= placement.OUTPUT_SLICES + 1
                        for s in out)
     monkeypatch.setattr(placement, "vxm_output", lambda *a: False)
     assert prog.predicted_cycles < compile_graph(g, m).predicted_cycles
