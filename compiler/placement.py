@@ -15,7 +15,7 @@ from lpu.compiler.partition import LINK_PREFIX
 from lpu.isa.opcodes import dtype_width
 
 NEAR_SLICES = 20     # slices a side that near_region uses (vxm_to_vxm)
-FOLDED_SLICES = 6    # the same for a tensor folded through both SXMs (folded)
+FOLDED_SLICES = 8    # the same for a tensor folded through both SXMs (folded)
 OUTPUT_SLICES = 2    # the same for an output made on the VXM (vxm_output)
 EDGE_SLICES = 16     # slices at an edge that a weight installed whole lies in (edge_weights)
 EDGE_SHARE = 0.125   # of the SRAM those weights may take so laid
@@ -134,7 +134,8 @@ def folded(lw, n) -> bool:
     """n is folded through both SXMs (its users tfolds: rewrite_pair): every row goes to both,
     from the FOLDED_SLICES slices a side nearest the VXM, not NEAR_SLICES. Measured (with the
     streamed folds, movement._fold_streamed; 4, 6, 8, 12, 16, 20): attention_prefill 848, 845,
-    849, 851, 856, 864 (2: 899, their banks crowd)."""
+    849, 851, 856, 864 (2: 899, their banks crowd); with near_region's sides from the VXM out
+    (4, 6, 8, 10): 822, 819, 816, 817."""
     us = [lw.g.node(u) for u in lw.g.users(n.id)]
     return len(us) > 1 and all(u.op == "tfold" for u in us)
 
@@ -153,29 +154,34 @@ def vxm_output(lw, n) -> bool:
 
 def near_region(lw, shape, dtype, owner, what, k):
     """A region whose vectors lie in the k slices (at least a vector's planes) nearest the VXM
-    on each side, alternating west and east (`window_region`)."""
+    on each side, alternating west and east, each side's from the VXM out (`window_region`; the
+    west side's had gone from its far end in: attention_prefill 830 -> 819, gpt2_block_prefill
+    3,405 -> 3,399)."""
     half = lw.m.mem_slices_per_hemisphere
     k = min(max(k, dtype_width(dtype)), half)
-    return window_region(lw, shape, dtype, ((half - k, k), (half, k)), owner, what)
+    return window_region(lw, shape, dtype, ((half - k, k, -1), (half, k)), owner, what)
 
 
 def window_region(lw, shape, dtype, windows, owner, what):
     """A region whose vectors lie in the given windows of slices ((first slice, count) each,
-    none across the hemispheres' boundary), vector j in window j % len(windows): whole rows
-    of slots taken, the slots outside the windows left unused."""
+    none across the hemispheres' boundary; (first, count, -1): filled from its last slice
+    down), vector j in window j % len(windows): whole rows of slots taken, the slots outside
+    the windows left unused."""
     w = dtype_width(dtype)
     ns = lw.m.mem_slices
     g = grid_shape(shape, lw.lanes)
     nvec = int(np.prod(g))
-    per_win = [cnt // w for _, cnt in windows]
+    per_win = [cnt // w for _, cnt, *_ in windows]
     nw = len(windows)
     per_row = min(per_win) * nw
     size = (-(-nvec // per_row) + 1) * ns
     start = lw.alloc.alloc(size, what)
     base = -(-start // ns) * ns
     j = np.arange(nvec, dtype=np.int64)
-    first = np.asarray([f for f, _ in windows], np.int64)
-    off = first[j % nw] + (j % per_row) // nw * w
+    first = np.asarray([f for f, *_ in windows], np.int64)
+    down = np.asarray([len(x) > 2 and x[2] < 0 for x in windows])[j % nw]
+    k = (j % per_row) // nw * w
+    off = np.where(down, first[j % nw] + np.asarray([c for _, c, *_ in windows])[j % nw] - w - k, first[j % nw] + k)
     if owner is not None:         # (an output's region is never freed)
         lw.regions[owner] = lw.placed[owner] = (start, size)
     return (base + (j // per_row) * ns + off).reshape(g)
