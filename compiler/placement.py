@@ -65,6 +65,9 @@ def side_of(lw, n):
         sides = {lw.ctx.sxm_near(int(x)) for x in np.asarray(lw.grid[n.inputs[0]]).reshape(-1)}
         if len(sides) == 1:
             return sides.pop()
+    r = rows_of(lw, n) if n.op not in ("slice", "transpose") else None
+    if r is not None:
+        return output_side(lw, r)
     us = lw.g.users(n.id)
     if len(us) != 1 or lw.g.node(us[0]).op not in ("transpose", "tfold") or lw.plan.kind[us[0]] != "temp":
         return None
@@ -88,6 +91,28 @@ def weights_of(lw, n):
         if u.op == "matmul":
             return u if len(u.inputs) == 2 and u.inputs[1] == x.id and u.inputs[0] != x.id else None
         if u.op not in ("reshape", "transpose") or lw.plan.kind[u.id] not in ("view", "mxm_t"):
+            return None
+        x = u
+
+
+def rows_of(lw, n):
+    """The product that takes n as its rows (n, through views, its one user's left operand),
+    else None: its rows travel from the VXM to that product's plane pair through SRAM, as its
+    weights do (weights_of). First fit had put the packed heads' keys (f16(k), the score
+    product's rows) on both sides: the far side's rows came 90 hops later, out of order, and
+    so did their masked scores' max blocks. Measured: attention_prefill 823 -> 840 alone,
+    821 with the max's last items raw (lower_reduce._raw_last); gpt2_block_prefill 3,411 ->
+    3,269 alone, 3,252 with it (its ffn's and its heads' rows); the others unchanged."""
+    x = n
+    while True:
+        us = lw.g.users(x.id)
+        if len(us) != 1:
+            return None
+        u = lw.g.node(us[0])
+        if u.op == "matmul":       # (one accumulating into another's sum: its side once that is lowered)
+            ok = u.inputs[0] == x.id and x.id not in u.inputs[1:]
+            return u if ok and (len(u.inputs) == 2 or u.inputs[2] in lw.ctx.acc_jobs) else None
+        if u.op not in ("reshape", "slice") or lw.plan.kind[u.id] != "view":
             return None
         x = u
 

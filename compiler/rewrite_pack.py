@@ -348,7 +348,7 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
     A head's output x_h = f16(p_h @ v_h) whose product with its rows W_h of W costs no more
     output chunks than p_h @ v_h (W no wider than the lanes, as v_h is) is computed as
     p_h @ f16(v_h @ W_h) instead (`_absorbed`): v_h @ W_h runs while the softmax makes p_h (v_h
-    is ready long before; lowered after the softmax's max, `_anchor`), and the path from p_h to the output has one product, not two (and
+    is ready long before; lowered after the softmax's sum, `_anchor`), and the path from p_h to the output has one product, not two (and
     no f16 pass between them). The rounding moves from the head's output to v_h @ W_h (both f16
     before an MXM product; the reference's tolerance).
 
