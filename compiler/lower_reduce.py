@@ -97,6 +97,9 @@ def _levels(lw, n, vop, items, levels, raw, tmp, outv, idxs, cdt, final_dt, post
     base, held, whole = 0, [], True
     for li, k in enumerate(levels):
         last = li == len(levels) - 1
+        if li == len(levels) - 2 and k == 2 and not raw and not lw.in_loop(n) and peers_across(lw, n) == 1:
+            if _top(lw, n, vop, items, tmp, base, outv, idxs, cdt, final_dt, post, both, held):
+                break                     # (the last level made in the chains of the one before)
         nxt = []
         for j, idx in enumerate(idxs):
             nv = nv_of(n.shape, lw.lanes, idx[-1])
@@ -121,6 +124,30 @@ def _levels(lw, n, vop, items, levels, raw, tmp, outv, idxs, cdt, final_dt, post
     return whole
 
 
+def _top(lw, n, vop, items, tmp, base, outv, idxs, cdt, final_dt, post, both, held) -> bool:
+    """The last two levels of a reduction across vectors as two chains, not three: the first
+    block's tree into a partial, then the second block's tree and its op with that partial
+    (the same pairwise order: the root is op(first half, second half)), written as the result:
+    the first half is made while the second's items still come, and the result is a trip
+    through SRAM nearer the last item. False (nothing added) where a last chain cannot be placed
+    whole. Measured (with SUM_GROUPS 5): attention_prefill 821 -> 814 (its softmax's sum written
+    by 520 -> 509), gpt2_block_prefill 3,252 -> 3,250. Only for a lone reduction at its depth
+    outside loops' trips: with peers, attention_prefill on tiny 28,684 -> 28,694; in the trips,
+    bert_base 163,630 -> 163,768 (L=1 14,628 -> 14,607)."""
+    mark = len(lw.chains)
+    for j, idx in enumerate(idxs):
+        nv = nv_of(n.shape, lw.lanes, idx[-1])
+        leaves = _tree_leaves(lw, items[j][0][1], both)
+        blk0, blk1 = items[j][:leaves], items[j][leaves:2 * leaves]
+        a = blk0[0] if len(blk0) == 1 else (int(tmp[j, base]), cdt)
+        if len(blk0) > 1:
+            tree_chain(lw, n, vop, blk0, a, lw.lanes, held)
+        if not tree_chain(lw, n, vop, blk1, (int(outv[idx]), final_dt), nv, held, post, left=a):
+            del lw.chains[mark:]
+            return False
+    return True
+
+
 def _raw_last(vop, count, levels, leaves) -> int:
     """Items of a max of two levels that skip the first and join the last chain as they are
     (exact: a max in any order): the most that leave that chain at most `leaves` leaves. The
@@ -143,8 +170,10 @@ FIRST_GROUPS = 6    # groups of 4 slices nearest the VXM those maxima lie in (me
 #                     3,484, 3,442, 3,440, 3,441, 3,458, 3,457; the reduction's own _partials: 992)
 SUM_ROWS = 4        # the same for the rows of a fused elementwise tree and their sum (lower_fuse._block_chains;
 #                     with SUM_GROUPS 6: 2 -> attention_prefill 898, gpt2_block_prefill 3,431; 4 -> 880, 3,411)
-SUM_GROUPS = 6      # measured with 4 rows: 3, 4, 5, 6, 7, 8, 9, 10, 12 -> attention_prefill 979, 897, 896, 880,
-#                     890, 875, 886, 886, 887; gpt2_block_prefill 3,427, 3,421, 3,409, 3,411, 3,412, 3,417, 3,417, 3,412, 3,412
+SUM_GROUPS = 5      # measured with 4 rows: 3, 4, 5, 6, 7, 8, 9, 10, 12 -> attention_prefill 979, 897, 896, 880,
+#                     890, 875, 886, 886, 887; gpt2_block_prefill 3,427, 3,421, 3,409, 3,411, 3,412, 3,417, 3,417, 3,412, 3,412;
+#                     with _top (and placement.rows_of): 4, 5, 6, 7, 8, 9 -> attention_prefill 815, 814, 811, 825,
+#                     833, 822; gpt2_block_prefill 3,256, 3,250, 3,253, 3,260, 3,254, 3,249 (6 had it 1 slower)
 
 
 def first_blocks(lw, src, op="max", row_ops=3, rows=FIRST_ROWS, groups=FIRST_GROUPS):
@@ -249,10 +278,12 @@ def _too_wide(cb, streams) -> bool:
     return max(need.values()) > streams
 
 
-def tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
+def tree_chain(lw, n, vop, leaves, dst, nv, held, post=None, left=None):
     """One chain: the pairwise tree of `leaves` ((slot, dtype) each) on the VXM, every op fed
     from the streams at the cycle its operands are ready; the root (or `post`, an op with an
-    immediate applied to it, e.g. mean's division) is written to dst = (slot, dtype)."""
+    immediate applied to it, e.g. mean's division) is written to dst = (slot, dtype). With
+    `left` (a vector), op(left, that tree) instead, or False (nothing added) where that chain
+    cannot be placed whole."""
     c = lw.ctx
     lat = c.lat[vop]
     cdt = "f32" if dst[1] in FLOATS or leaves[0][1] in FLOATS else "i32"
@@ -260,7 +291,7 @@ def tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
     while len(nodes) > 1:
         odd = nodes[-1:] if len(nodes) % 2 else []
         nodes = [("op", nodes[i], nodes[i + 1]) for i in range(0, len(nodes) - 1, 2)] + odd
-    root = nodes[0]
+    root = nodes[0] if left is None else ("op", ("leaf", left), nodes[0])
     if root[0] == "leaf":                 # one vector: a converting copy
         vxm_chain(lw, n, O.VXM_UNARY["CONV"], dst[0], dst[1], nv, root[1])
         return
@@ -293,6 +324,11 @@ def tree_chain(lw, n, vop, leaves, dst, nv, held, post=None):
         cb.vxm(pop, lat, (g, DTYPE_CODE[cdt]), None, go, nv=nv, imm=imm, bimm=1)
     emit = None     # a recursive closure is a reference cycle: left, it holds the chain until a GC pass
     conflict = cb.mem_conflict()
+    if left is not None:
+        if conflict or _too_wide(cb, c.m.streams_per_direction):
+            return False
+        lw.chains.append(cb.chain())
+        return True
     if len(leaves) == 2 and conflict:     # two leaves on one bank in one cycle: copy one first
         tree_chain(lw, n, vop, [leaves[0], stage(lw, n, leaves[1], leaves[0])], dst, nv, held, post)
         return
