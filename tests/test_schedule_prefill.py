@@ -429,7 +429,7 @@ def test_narrow_or_few_f16_rows_are_not_folded():
 
 @pytest.mark.parametrize("machine", ["tiny", "tsp-v1"])
 def test_exact_lane_plan_rotations_bring_every_lane_to_every_lane_once(machine):
-    from lpu.compiler.lower_reduce import lane_plan
+    from lpu.compiler.lower_lanes import lane_plan
     from tests.test_schedule_decode import _LW
     lw = _LW(machine)
     lanes = lw.m.lanes
