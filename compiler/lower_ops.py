@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler import lower_fuse, lower_mxm, lower_reduce, movement, ops
+from lpu.compiler import lower_fuse, lower_lanes, lower_mxm, lower_reduce, movement, ops
 from lpu.compiler.lower_common import (
     NEG_INF_BITS, copy, imm_bits, nv_of, stage, sxm_chain, vxm_chain,
 )
@@ -397,7 +397,7 @@ def _store_in_place(lw, n, src_ids):
 
 ROUTINES = {"elementwise": lower_elementwise, "where": lower_where, "causal": lower_causal,
             "reduce": lower_reduce.lower_reduce,
-            "lanefold": lower_reduce.lower_lanefold, "matmul": lower_mxm.lower_matmul, "move": lower_move,
+            "lanefold": lower_lanes.lower_lanefold, "matmul": lower_mxm.lower_matmul, "move": lower_move,
             "transpose": movement.transpose_any, "tfold": movement.tfold, "rope": lower_rope, "store": lower_store}
 # op -> lowering routine, from the op table: an op with a VXM opcode is elementwise
 LOWER = {d.name: ROUTINES["elementwise" if d.vxm else d.lower] for d in ops.OPS.values() if d.vxm or d.lower}

@@ -14,7 +14,7 @@ from lpu.compiler.movement import tfold_sxm
 from lpu.compiler.partition import LINK_PREFIX
 from lpu.isa.opcodes import dtype_width
 
-NEAR_SLICES = 20     # slices a side that near_region uses (vxm_to_vxm)
+NEAR_SLICES = 30     # slices a side that near_region uses (vxm_to_vxm)
 FOLDED_SLICES = 8    # the same for a tensor folded through both SXMs (folded)
 OUTPUT_SLICES = 2    # the same for an output made on the VXM (vxm_output)
 EDGE_SLICES = 16     # slices at an edge that a weight installed whole lies in (edge_weights)
@@ -68,6 +68,9 @@ def side_of(lw, n):
         sides = {lw.ctx.sxm_near(int(x)) for x in np.asarray(lw.grid[n.inputs[0]]).reshape(-1)}
         if len(sides) == 1:
             return sides.pop()
+    r = rows_of(lw, n) if n.op not in ("slice", "transpose") else None
+    if r is not None:
+        return output_side(lw, r)
     us = lw.g.users(n.id)
     if len(us) != 1 or lw.g.node(us[0]).op not in ("transpose", "tfold") or lw.plan.kind[us[0]] != "temp":
         return None
@@ -91,6 +94,28 @@ def weights_of(lw, n):
         if u.op == "matmul":
             return u if len(u.inputs) == 2 and u.inputs[1] == x.id and u.inputs[0] != x.id else None
         if u.op not in ("reshape", "transpose") or lw.plan.kind[u.id] not in ("view", "mxm_t"):
+            return None
+        x = u
+
+
+def rows_of(lw, n):
+    """The product that takes n as its rows (n, through views, its one user's left operand),
+    else None: its rows travel from the VXM to that product's plane pair through SRAM, as its
+    weights do (weights_of). First fit had put the packed heads' keys (f16(k), the score
+    product's rows) on both sides: the far side's rows came 90 hops later, out of order, and
+    so did their masked scores' max blocks. Measured: attention_prefill 823 -> 840 alone,
+    821 with the max's last items raw (lower_reduce._raw_last); gpt2_block_prefill 3,411 ->
+    3,269 alone, 3,252 with it (its ffn's and its heads' rows); the others unchanged."""
+    x = n
+    while True:
+        us = lw.g.users(x.id)
+        if len(us) != 1:
+            return None
+        u = lw.g.node(us[0])
+        if u.op == "matmul":       # (one accumulating into another's sum: its side once that is lowered)
+            ok = u.inputs[0] == x.id and x.id not in u.inputs[1:]
+            return u if ok and (len(u.inputs) == 2 or u.inputs[2] in lw.ctx.acc_jobs) else None
+        if u.op not in ("reshape", "slice") or lw.plan.kind[u.id] != "view":
             return None
         x = u
 
@@ -120,7 +145,11 @@ def vxm_to_vxm(lw, n) -> bool:
     spread them over every slice, the farthest 46 hops away, and each trip to SRAM and back
     cost up to 92 cycles. Measured (NEAR_SLICES 8, 12, 16, 20, 24, 32, 44): attention_prefill
     1,234 -> 1,326, 1,417, 1,191, 1,177, 1,189, 1,203, 1,242; gpt2_block_prefill 3,570 ->
-    3,669, 3,622, 3,503, 3,495, 3,507, 3,536, 3,566 (few slices: their banks crowd)."""
+    3,669, 3,622, 3,503, 3,495, 3,507, 3,536, 3,566 (few slices: their banks crowd). After the
+    streamed folds and the softmax's anchored products (attn13w + attn13x), NEAR_SLICES 4, 8, 12,
+    16, 18, 20, 22, 24, 30: attention_prefill 962, 871, 913, 820, 820, 817, 817, 815, 816;
+    gpt2_block_prefill 3,376, 3,371, 3,282, 3,244, 3,244, 3,241, 3,241, 3,262, 3,237; first fit
+    instead: 814 and 3,260."""
     if lw.near_vxm is not None or lw.in_loop(n) or n.op not in ops.ELEMENTWISE:
         return False
     if folded(lw, n):

@@ -25,7 +25,7 @@ their lanes by the concat (another trip). Here:
   per chunk instead of one per head (the installs of one plane pair are serial).
 - the max and the sum of a single row of w <= lanes / 2 (a decode head's scores) that only
   elementwise ops of the row use are splats over the row's own lanes (attrs `splat`, `window`:
-  rotations by -(w-1) .. w, lower_reduce.lane_plan), read as they are: no DISTRIBUTE trip (two
+  rotations by -(w-1) .. w, lower_lanes.lane_plan), read as they are: no DISTRIBUTE trip (two
   of a head's four SXM trips). Measured: llama_block_decode 2,224 -> 2,128 cycles,
   gpt2_block_decode 2,128 -> 2,098, attention_decode 1,263 -> 1,210, gpt2_small_decode 36,692
   -> 35,151 (the splat over all the lanes, radices multiplying to 320: llama 2,177, gpt2 block
@@ -38,7 +38,7 @@ their lanes by the concat (another trip). Here:
   `fill`: the transposed install's buffer rows past N repeat the cache rows, where they were
   zeros), so the max's lane tree, which sees lanes past the row, needs no MASK to -inf first
   (attr `filled`): the max rotates the product's row itself, two VXM chains (the scale, the
-  mask) fewer on every head's path. Measured, with the rows' SXMs chosen by lower_reduce._side:
+  mask) fewer on every head's path. Measured, with the rows' SXMs chosen by lower_lanes._side:
   llama_block_decode 1,950 -> 1,917, gpt2_block_decode 2,001 -> 1,977, gpt2_small_decode
   31,948 -> 31,390 (the fold alone: llama 1,928, gpt2_block 2,038).
 - a stacked chunk's p = e / sum(e) (the sum an MXM splat as below, used only there) is divided

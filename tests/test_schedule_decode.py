@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lpu.compiler.lower_reduce import lane_plan
+from lpu.compiler.lower_lanes import lane_plan
 from lpu.isa.machine import MachineConfig
 from tests.checked import run_checked
 
