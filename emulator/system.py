@@ -182,12 +182,21 @@ def _ahead(conn, items, slot_cycles, trace, shared):
         g = Group([(c, p, None) for c, p, _ in items], slot_cycles, trace)
         for r in g.runs.values():
             r.warm()
-    misplaced = []
+    misplaced, drawn, scratch = [], {c: set() for c, _, _ in items}, {}
     while True:
         msg = conn.recv()
         if msg[0] == "draw":                 # (name, plan, k0, k1): values k0 .. k1 - 1 into the shared array
             name, plan, k0, k1 = msg[1:]
             if not plan.make(shared[name].reshape(-1), k0, k1):
+                misplaced.append(name)
+        elif msg[0] == "own":                # (name, plan, parts): each chip's part into its image
+            name, plan, shape, parts = msg[1:]
+            ok = True
+            for c in g.runs:
+                if c in parts:
+                    ok &= g.runs[c].draw(name, plan, parts[c], shape, scratch)
+                    drawn[c].add(name)
+            if not ok:
                 misplaced.append(name)
         elif msg[0] == "check":
             conn.send(("ok", misplaced))
@@ -200,7 +209,7 @@ def _ahead(conn, items, slot_cycles, trace, shared):
     if not ahead:
         return Group(items, slot_cycles, trace)
     for c, _, v in items:
-        g.runs[c].reload(v)
+        g.runs[c].reload(v, drawn[c] - set(v))
     return g
 
 
@@ -261,15 +270,44 @@ def shared_arrays(symbols) -> dict:
     return out
 
 
+def _boxes(sp, symbols) -> dict:
+    """name -> {chip: its part, a full index of the whole} for the integer inputs and weights of
+    which each chip holds a part and the parts tile the tensor (every value in one chip)."""
+    out = {}
+    for y in symbols:
+        if y.kind not in ("input", "weight") or y.dtype not in ("i8", "i32"):
+            continue
+        shape, parts = tuple(y.shape), {}
+        for c, p in enumerate(sp.chips):
+            if any(q.name == y.name and q.kind == y.kind for q in p.symbols):
+                rows = _rows_of(sp, c)
+                part = part_index(rows[y.name]) if y.name in rows else ()
+                parts[c] = tuple(slice(*sl.indices(d)[:2]) for sl, d in
+                                 zip(part + (slice(None),) * (len(shape) - len(part)), shape))
+        spans = [[(sl.start, sl.stop) for sl in part] for part in parts.values()]
+        sizes = [int(np.prod([b - a for a, b in sp_], dtype=np.int64)) for sp_ in spans]
+        apart = all(any(max(a0, b0) >= min(a1, b1) for (a0, a1), (b0, b1) in zip(u, v))
+                    for i, u in enumerate(spans) for v in spans[:i])
+        if parts and apart and sum(sizes) == int(np.prod(shape, dtype=np.int64)):
+            out[y.name] = parts
+    return out
+
+
 class Started:
     """Local workers started before the values exist (`start`): `arrays` are where the values
-    go (shared with the workers); `run_system(..., started=)` hands them over."""
+    go (shared with the workers); `run_system(..., started=)` hands them over. With `own`, the
+    integer tensors split across the chips (`_boxes`) are drawn by each worker straight into its
+    chips' SRAM images (no shared copy, whose fresh pages cost more than the draws): this
+    process never holds them (the values made for them are None)."""
 
-    def __init__(self, sp, symbols, workers: int, trace: bool):
-        self.arrays = shared_arrays(symbols)
-        self.drawn = False
+    def __init__(self, sp, symbols, workers: int, trace: bool, own: bool = False):
         ctx, n = mp.get_context("fork"), min(workers, len(sp.chips))
         items = [(c, p, _rows_of(sp, c)) for c, p in enumerate(sp.chips)]
+        ahead = all(sum(len(p.op) for _, p, _ in items[g::n]) < KEEP_BELOW for g in range(n))
+        self.own = _boxes(sp, symbols) if own and ahead else {}
+        self.shapes = {y.name: tuple(y.shape) for y in symbols}
+        self.arrays = shared_arrays([y for y in symbols if y.name not in self.own])
+        self.drawn = False
         self.groups = []
         try:
             for g in range(n):
@@ -278,20 +316,23 @@ class Started:
             self.close()
             raise
 
-    def takes(self, name: str) -> bool:
-        """Whether the workers can make the value `name`, a part each, in its shared array
-        (compiler/reference.py `integers`)."""
-        return name in self.arrays
+    def takes(self, name: str, out) -> bool:
+        """Whether the workers can make the value `name` (compiler/reference.py `integers`): a
+        part each in its shared array `out`, or each its chips' parts (`own`; `out` None)."""
+        return name in self.own if out is None else out is self.arrays.get(name)
 
     def draw(self, name: str, plan) -> None:
-        """Ask the workers for the values of `plan`, an equal part each: plan.n values, of which
-        a worker makes k0 .. k1 - 1 with plan.make(the flat shared array, k0, k1), False when
-        they are not where the plan said (compiler/draw_core.py Plan)."""
+        """Ask the workers for the values of `plan`: with `own`, every chip's part; else an
+        equal part each: plan.n values, of which a worker makes k0 .. k1 - 1 with plan.make(the
+        flat shared array, k0, k1), False when they are not where the plan said
+        (compiler/draw_core.py Plan)."""
         n, k = plan.n, len(self.groups)
         self.drawn = True
         for i, g in enumerate(self.groups):
+            msg = ("own", name, plan, self.shapes[name], self.own[name]) if name in self.own else \
+                ("draw", name, plan, n * i // k, n * (i + 1) // k)
             try:
-                g.conn.send(("draw", name, plan, n * i // k, n * (i + 1) // k))
+                g.conn.send(msg)
             except OSError:                 # it has failed: check() reads why
                 pass
 
@@ -310,7 +351,7 @@ class Started:
 
     def give(self, values: dict) -> list:
         """Hand every worker the values (those not written into `arrays` go by pipe)."""
-        extra = {k: v for k, v in values.items() if v is not self.arrays.get(k)}
+        extra = {k: v for k, v in values.items() if v is not None and v is not self.arrays.get(k)}
         for g in self.groups:
             try:
                 g.conn.send(("values", extra))
@@ -325,13 +366,14 @@ class Started:
             g.close()
 
 
-def start(sp, symbols, workers: int, trace: bool = False) -> Started | None:
+def start(sp, symbols, workers: int, trace: bool = False, own: bool = False) -> Started | None:
     """With `workers` > 1 local processes (and fork), start them now, before the values exist
     (`symbols`: every input, weight and state, whole): each prepares its chips while this
-    process makes the values into the returned `Started.arrays`. None: nothing to start."""
+    process makes the values into the returned `Started.arrays`; with `own`, the split integer
+    tensors only in the workers (`Started`). None: nothing to start."""
     if workers < 2 or len(sp.chips) < 2 or "fork" not in mp.get_all_start_methods():
         return None
-    return Started(sp, symbols, workers, trace)
+    return Started(sp, symbols, workers, trace, own)
 
 
 def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = None,
