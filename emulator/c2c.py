@@ -109,10 +109,10 @@ class ChipRun:
                             prep.workspace, self.links, self.bulk, self.hz, self.counters)
 
     def warm(self) -> None:
-        """Before the values arrive (emulator/system.py `start`): every page of the SRAM image
-        touched (a fresh page is costly) and the jitted core loaded (called at the program's end,
-        it executes nothing)."""
-        self.mem.fill(0)
+        """Before the values arrive (emulator/system.py `start`): the jitted core loaded (called
+        at the program's end, it executes nothing). The SRAM image is left untouched: its pages
+        are made as the values and the run write them, and a third of its rows (gaps between a
+        bank's tensors) never are."""
         self._execute(len(self.s.cycle))
 
     def reload(self, values: dict, drawn=frozenset()) -> None:
