@@ -109,7 +109,7 @@ class ChipRun:
                             prep.workspace, self.links, self.bulk, self.hz, self.counters)
 
     def warm(self) -> None:
-        """Before the values arrive (emulator/system.py `start`): the jitted core loaded (called
+        """Before the values arrive (emulator/system_workers.py `start`): the jitted core loaded (called
         at the program's end, it executes nothing). The SRAM image is left untouched: its pages
         are made as the values and the run write them, and a third of its rows (gaps between a
         bank's tensors) never are."""

@@ -459,9 +459,9 @@ def test_multi_chip_bounds(mlp2):
 
 
 def test_chips_let_go_when_done_give_the_same_result(mlp2, monkeypatch):
-    """A large group drops each chip's prepared program when it ends (emulator/system.py
+    """A large group drops each chip's prepared program when it ends (emulator/system_group.py
     KEEP_BELOW): the same outputs and cycles, and the next run prepares it again."""
-    import lpu.emulator.system as S
+    import lpu.emulator.system_group as S
     g, sp = mlp2
     vals = random_values(g, 1)
     want = run_system(sp, vals)
