@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lpu.emulator import cluster
-from lpu.emulator.system_group import Group, chip_values, part_index, rows_of
+from lpu.emulator.system_group import Group, chip_values, full_index, part_index, rows_of, tile
 from lpu.emulator.system_workers import ProcessGroup, Started, start
 from lpu.isa.errors import LpuError
 from lpu.isa.program import send_cycles
@@ -173,12 +173,19 @@ def _drive(sp, groups, values: dict, parallel: bool) -> SystemResult:
     outputs, states = {}, {}
     for name, c in sp.outputs.items():
         outputs[name] = chips[c].outputs[name]
-    for c, r in enumerate(chips):            # a split state: each chip's rows put back in place
+    parts = {}
+    for c, r in enumerate(chips):
         rows = rows_of(sp, c)
         for name, arr in r.states.items():
             if name in rows:
-                whole = states.setdefault(name, np.array(values[name], copy=True))
-                whole[part_index(rows[name])] = arr
+                parts.setdefault(name, []).append((part_index(rows[name]), arr))
             else:
                 states[name] = arr
+    for name, got in parts.items():          # a split state: each chip's rows put back in place
+        v = values[name]                     # (into a copy of the values only where they leave a gap)
+        got = [(full_index(i, v.shape), arr) for i, arr in got]
+        whole = np.empty(v.shape, v.dtype) if tile([i for i, _ in got], v.shape) else np.array(v, copy=True)
+        for i, arr in got:
+            whole[i] = arr
+        states[name] = whole
     return SystemResult(outputs, states, max(r.cycles for r in chips), chips, windows)

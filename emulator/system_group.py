@@ -5,6 +5,7 @@ window, in this process, in a local worker (emulator/system_workers.py) or in a 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from lpu.emulator.c2c import H_LINK_UNREAD, ChipRun
 from lpu.emulator.run import HazardError
@@ -18,6 +19,21 @@ def part_index(r) -> tuple:
     if len(r) == 2 and not isinstance(r[0], (tuple, list)):
         return (slice(int(r[0]), int(r[1])),)
     return tuple(slice(int(a), int(b)) for a, b in r)
+
+
+def full_index(part: tuple, shape) -> tuple:
+    """part_index's slices, one per axis of `shape`, with their bounds (start, stop) given."""
+    part = tuple(part) + (slice(None),) * (len(shape) - len(part))
+    return tuple(slice(*sl.indices(int(d))[:2]) for sl, d in zip(part, shape))
+
+
+def tile(parts, shape) -> bool:
+    """Whether the full_index parts cover the tensor of `shape`, each value in one of them."""
+    spans = [[(sl.start, sl.stop) for sl in part] for part in parts]
+    apart = all(any(max(a0, b0) >= min(a1, b1) for (a0, a1), (b0, b1) in zip(u, v))
+                for i, u in enumerate(spans) for v in spans[:i])
+    size = sum(math.prod(b - a for a, b in sp) for sp in spans)
+    return apart and size == math.prod(int(d) for d in shape)
 
 
 def chip_values(program, values: dict, rows: dict) -> dict:

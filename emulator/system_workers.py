@@ -14,7 +14,7 @@ import signal
 import numpy as np
 
 from lpu.emulator import blas, system_group
-from lpu.emulator.system_group import Group, chip_values, part_index, rows_of, share_prepared
+from lpu.emulator.system_group import Group, chip_values, full_index, part_index, rows_of, share_prepared, tile
 from lpu.isa.dtypes import NP_DTYPE
 from lpu.isa.errors import LpuError
 
@@ -231,18 +231,12 @@ def _boxes(sp, symbols) -> dict:
     for y in symbols:
         if y.kind not in ("input", "weight") or y.dtype not in ("i8", "i32"):
             continue
-        shape, parts = tuple(y.shape), {}
+        parts = {}
         for c, p in enumerate(sp.chips):
             if any(q.name == y.name and q.kind == y.kind for q in p.symbols):
                 rows = rows_of(sp, c)
-                part = part_index(rows[y.name]) if y.name in rows else ()
-                parts[c] = tuple(slice(*sl.indices(d)[:2]) for sl, d in
-                                 zip(part + (slice(None),) * (len(shape) - len(part)), shape))
-        spans = [[(sl.start, sl.stop) for sl in part] for part in parts.values()]
-        sizes = [int(np.prod([b - a for a, b in sp_], dtype=np.int64)) for sp_ in spans]
-        apart = all(any(max(a0, b0) >= min(a1, b1) for (a0, a1), (b0, b1) in zip(u, v))
-                    for i, u in enumerate(spans) for v in spans[:i])
-        if parts and apart and sum(sizes) == int(np.prod(shape, dtype=np.int64)):
+                parts[c] = full_index(part_index(rows[y.name]) if y.name in rows else (), y.shape)
+        if parts and tile(parts.values(), y.shape):
             out[y.name] = parts
     return out
 
