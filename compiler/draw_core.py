@@ -103,7 +103,8 @@ def same_place(a: dict, b: dict) -> bool:
 @dataclass(frozen=True)
 class Plan:
     """A run of n bounded draws in [lo, hi) from the PCG64 state `start`; `end`: the state after
-    them if none is rejected (`seek`). `make` is what a worker of emulator/system.py calls."""
+    them if none is rejected (`seek`). `make` and `make_rows` are what a worker of
+    emulator/system_workers.py calls (the emulator imports nothing of the compiler)."""
     start: dict
     end: dict
     n: int
@@ -112,6 +113,9 @@ class Plan:
 
     def make(self, out: np.ndarray, k0: int, k1: int) -> bool:
         return draw_range(self, out, k0, k1)
+
+    def make_rows(self, starts: np.ndarray, out: np.ndarray) -> bool:
+        return draw_rows(self, starts, out)
 
 
 def plan(bitgen, lo: int, hi: int, n: int) -> Plan:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler import draw_core
 from lpu.emulator import core, sram_core
 from lpu.emulator import core_links as CL
 from lpu.emulator import run as R
@@ -27,6 +26,7 @@ from lpu.isa.dtypes import NP_DTYPE
 from lpu.isa.program import vector_grid
 
 H_LINK_EARLY, H_LINK_BUSY, H_LINK_UNREAD = "link-early", "link-busy", "link-unread"
+BLOCK = 1 << 20            # values drawn at a time into a chip's image (`draw`)
 
 
 class ChipRun:
@@ -94,7 +94,7 @@ class ChipRun:
             elif hz[0] in (CL.H_LINK_BUSY, CL.H_LINK_EARLY):
                 raise self._link_hazard()
             elif hz[0] != core.H_NONE:
-                raise self._chip_error(R._hazard(self.program, s, hz))
+                raise self._chip_error(R._hazard(self.program, self.s, hz))
             else:
                 self.done = True
         n = int(ctl[CL.L_OUT])
@@ -129,14 +129,15 @@ class ChipRun:
 
     def draw(self, name: str, plan, part: tuple, shape: tuple, scratch: dict) -> bool:
         """The integer tensor `name`'s part (part_index of the whole, `shape`) drawn from `plan`
-        (compiler/draw_core.py, the whole tensor's draws) straight into the image, CHUNK values at
-        a time through `scratch` (dtype -> a buffer kept by the caller). False: a draw rejected."""
+        (compiler/draw_core.py Plan, the whole tensor's draws) straight into the image, about
+        BLOCK values at a time through `scratch` (dtype -> a buffer kept by the caller). False:
+        a draw rejected."""
         y = next(y for y in self.program.symbols if y.name == name)
         nrow, chunks, cols = vector_grid(tuple(y.shape), self.program.machine.lanes)
         whole = np.arange(int(np.prod(shape[:-1], dtype=np.int64)), dtype=np.int64).reshape(shape[:-1])
         starts = whole[part[:-1]].reshape(-1) * shape[-1] + (part[-1].start or 0)
         dt = np.dtype(NP_DTYPE[y.dtype])
-        block = max(1, draw_core.CHUNK // max(cols, 1))
+        block = max(1, BLOCK // max(cols, 1))
         buf = scratch.get(dt)
         if buf is None or buf.size < block * cols:
             buf = scratch[dt] = np.empty(block * cols, dt)
@@ -144,7 +145,7 @@ class ChipRun:
         for r0 in range(0, nrow, block):
             n = min(block, nrow - r0)
             out = buf[:n * cols].reshape(n, cols)
-            ok &= draw_core.draw_rows(plan, starts[r0:r0 + n], out)
+            ok &= plan.make_rows(starts[r0:r0 + n], out)
             sram_core.store(self.mem, rows[r0 * chunks:(r0 + n) * chunks], out.view(f"u{y.width}"), chunks, y.width)
         return ok
 

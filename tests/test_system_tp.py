@@ -194,7 +194,7 @@ def test_workers_draw_their_chips_parts(llama4, monkeypatch, rejected):
     from lpu.emulator.system import start
     g, sp = llama4
     if rejected:                      # forked: the workers see it
-        monkeypatch.setattr(draw_core, "draw_rows", lambda p, starts, out, real=draw_core.draw_rows:
+        monkeypatch.setattr(draw_core.Plan, "make_rows", lambda p, starts, out, real=draw_core.draw_rows:
                             real(p, starts, out) and p.n != 2 * 64 * 128)     # wg, wu, wd
     started = start(sp, declared(sp).symbols, 2, own=True)
     assert sorted(started.own) == ["wd", "wg", "wk", "wo", "wq", "wu", "wv"]
