@@ -2,7 +2,7 @@
 own peak resident memory: `compile PROG.lpu CHIPS OUT.lpubin [NAME=V ...] [--parallel=pp|tp|auto]` (default: the CLI's)
 compiles for a system and writes the bundle; `run OUT.lpubin WORKERS [check] [warm]` makes its inputs and emulates it
 (timed together, since with workers they overlap; warm: once before the timed run); `one PROG.lpu [NAME=V ...]` runs a program on one chip in the plain emulator.
-Prints one JSON line (wall time, peak RSS = ru_maxrss, cycles, ...)."""
+Prints one JSON line (wall time, CPU time of the run with its workers, peak RSS = ru_maxrss, cycles, ...)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +14,13 @@ from types import SimpleNamespace
 
 def _peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024      # KiB on Linux
+
+
+def _cpu() -> float:
+    """User + system CPU seconds of this process and of the workers it has waited for (with the
+    workers those start: emulator/system_workers.py `_fork`)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def main(argv: list[str]) -> int:
@@ -53,13 +60,14 @@ def main(argv: list[str]) -> int:
     decl = declared(sp)
     if "warm" in argv[3:]:
         run_system(sp, api.inputs_for(graph if check else None, decl, 0), workers=workers)
+    c0 = _cpu()
     t0 = time.perf_counter()                # as lpu run: workers start first, the values are made meanwhile
-    started = start(sp, decl.symbols, workers)
+    started = start(sp, decl.symbols, workers, own=not check)      # a check needs every value here
     values = api.inputs_for(graph if check else None, decl, 0, into=started.arrays if started else None, defer=started)
     inputs = time.perf_counter() - t0
     r = run_system(sp, values, workers=workers, started=started)
     wall = time.perf_counter() - t0
-    out = {"wall_s": wall, "inputs_s": inputs, "peak_rss_bytes": _peak(), "cycles": int(r.cycles),
+    out = {"wall_s": wall, "cpu_s": _cpu() - c0, "inputs_s": inputs, "peak_rss_bytes": _peak(), "cycles": int(r.cycles),
            "predicted_cycles": int(sp.predicted_cycles), "instructions": int(sum(c.instructions for c in r.chips)),
            "windows": r.windows}
     if check:

@@ -159,11 +159,12 @@ def normals(rng, shape, scale: float, convert, out: np.ndarray) -> np.ndarray:
 
 def integers(rng, name: str, shape, dtype, out: np.ndarray | None, defer=None) -> np.ndarray:
     """random_integers, or where `defer` takes the draws (`defer.draw(name, Plan)`: made by
-    other processes into `out`, emulator/system.py `Started`) only their Plan, the generator
-    moved past them as if none is rejected (`defer.check()` then says whether that held)."""
-    if defer is None or out is None or not draw_core.usable(rng.bit_generator, -8, 9) or not defer.takes(name):
+    other processes into `out`, emulator/system_workers.py `Started`) only their Plan, the generator
+    moved past them as if none is rejected (`defer.check()` then says whether that held); None
+    where they are made only in the other processes (`out` None: `Started.own`)."""
+    if defer is None or not draw_core.usable(rng.bit_generator, -8, 9) or not defer.takes(name, out):
         return random_integers(rng, shape, dtype, out)
-    defer.draw(name, draw_core.plan(rng.bit_generator, -8, 9, out.size))
+    defer.draw(name, draw_core.plan(rng.bit_generator, -8, 9, int(np.prod(shape, dtype=np.int64))))
     return out
 
 

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.emulator import core
+from lpu.emulator import core, sram_core
 from lpu.emulator import core_links as CL
 from lpu.emulator import run as R
 from lpu.emulator.prepare import prepare
 from lpu.isa import opcodes as O
+from lpu.isa.dtypes import NP_DTYPE
+from lpu.isa.program import vector_grid
 
 H_LINK_EARLY, H_LINK_BUSY, H_LINK_UNREAD = "link-early", "link-busy", "link-unread"
+BLOCK = 1 << 20            # values drawn at a time into a chip's image (`draw`)
 
 
 class ChipRun:
@@ -91,7 +94,7 @@ class ChipRun:
             elif hz[0] in (CL.H_LINK_BUSY, CL.H_LINK_EARLY):
                 raise self._link_hazard()
             elif hz[0] != core.H_NONE:
-                raise self._chip_error(R._hazard(self.program, s, hz))
+                raise self._chip_error(R._hazard(self.program, self.s, hz))
             else:
                 self.done = True
         n = int(ctl[CL.L_OUT])
@@ -106,15 +109,45 @@ class ChipRun:
                             prep.workspace, self.links, self.bulk, self.hz, self.counters)
 
     def warm(self) -> None:
-        """Before the values arrive (emulator/system.py `start`): every page of the SRAM image
-        touched (a fresh page is costly) and the jitted core loaded (called at the program's end,
-        it executes nothing)."""
-        self.mem.fill(0)
+        """Before the values arrive (emulator/system_workers.py `start`): the jitted core loaded (called
+        at the program's end, it executes nothing). The SRAM image is left untouched: its pages
+        are made as the values and the run write them, and a third of its rows (gaps between a
+        bank's tensors) never are."""
         self._execute(len(self.s.cycle))
 
-    def reload(self, values: dict) -> None:
-        """The SRAM image loaded again from `values`, before the first instruction."""
-        self.mem = R.load(self.program, values, self.prep)
+    def reload(self, values: dict, drawn=frozenset()) -> None:
+        """The SRAM image loaded again from `values`, before the first instruction; the symbols
+        `drawn` are in the (fresh) image already (`draw`), the others are stored beside them."""
+        if not drawn:
+            self.mem = R.load(self.program, values, self.prep)
+            return
+        m = self.program.machine
+        for y in self.program.symbols:
+            if y.kind == "const" or (y.kind in ("input", "weight", "state") and y.name not in drawn):
+                arr = np.asarray(y.data if y.kind == "const" else values[y.name])
+                R._store(self.mem, self.prep.sym_rows[y.name], y, arr.reshape(tuple(y.shape)), m)
+
+    def draw(self, name: str, plan, part: tuple, shape: tuple, scratch: dict) -> bool:
+        """The integer tensor `name`'s part (part_index of the whole, `shape`) drawn from `plan`
+        (compiler/draw_core.py Plan, the whole tensor's draws) straight into the image, about
+        BLOCK values at a time through `scratch` (dtype -> a buffer kept by the caller). False:
+        a draw rejected."""
+        y = next(y for y in self.program.symbols if y.name == name)
+        nrow, chunks, cols = vector_grid(tuple(y.shape), self.program.machine.lanes)
+        whole = np.arange(int(np.prod(shape[:-1], dtype=np.int64)), dtype=np.int64).reshape(shape[:-1])
+        starts = whole[part[:-1]].reshape(-1) * shape[-1] + (part[-1].start or 0)
+        dt = np.dtype(NP_DTYPE[y.dtype])
+        block = max(1, BLOCK // max(cols, 1))
+        buf = scratch.get(dt)
+        if buf is None or buf.size < block * cols:
+            buf = scratch[dt] = np.empty(block * cols, dt)
+        rows, ok = self.prep.sym_rows[name], True
+        for r0 in range(0, nrow, block):
+            n = min(block, nrow - r0)
+            out = buf[:n * cols].reshape(n, cols)
+            ok &= plan.make_rows(starts[r0:r0 + n], out)
+            sram_core.store(self.mem, rows[r0 * chunks:(r0 + n) * chunks], out.view(f"u{y.width}"), chunks, y.width)
+        return ok
 
     def _link_hazard(self):
         i, link, x = int(self.hz[1]), int(self.hz[3]), int(self.hz[4])

@@ -46,6 +46,9 @@ class RayGroup:
     def finished(self):
         return self._get()
 
+    def join(self):
+        pass
+
     def close(self):
         ray.kill(self.actor)
 

@@ -132,7 +132,7 @@ def inputs_for(graph: IRGraph | None, prog: Program, seed: int = 0, given: dict 
             bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
             raise LpuError(f"{source}: '{name}' holds NaN or infinity (first at index {list(bad)})")
         with np.errstate(over="ignore"):
-            values[name] = arr.astype(values[name].dtype if name in values else arr.dtype)
+            values[name] = arr.astype(values[name].dtype if values.get(name) is not None else arr.dtype)
         if values[name].dtype.kind == "f" and not np.all(np.isfinite(values[name])):
             raise LpuError(f"{source}: '{name}' holds values too large for {sym.dtype}")
     return values

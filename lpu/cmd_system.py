@@ -189,7 +189,8 @@ def cmd_run(a, stats) -> int:
                      # while the graph and the values are made (system.start)
 
     def start(sp):
-        w = None if a.ray else system.start(sp, declared(sp).symbols, a.workers or 0, bool(a.trace))
+        w = None if a.ray else system.start(sp, declared(sp).symbols, a.workers or 0, bool(a.trace),
+                                            own=not a.check)     # a check needs every value here
         workers.extend([w] if w else [])
     try:
         with progress.stage(f"compiling {a.program}", lambda: compile_detail(stats)):

@@ -265,6 +265,27 @@ def test_draws_made_in_parts_from_their_plan():
             assert not all(ok) and np.array_equal(out[:1], want[:1]) and not np.array_equal(out, want)
 
 
+def test_draws_made_in_scattered_rows():
+    """compiler/draw_core.py draw_rows: runs of a plan's draws made from their place by PCG64
+    itself (jumps forward, back to the start, into a kept half, from a high half) are numpy's
+    draws; a run with a rejected draw says so."""
+    from lpu.compiler import draw_core
+    starts = np.array([0, 1, 2, 5, 1000, 999, 77_777, 3, 100_003 - 41, 4096 * 7 + 1024])
+    for lo, hi, half in ((-8, 9, 0), (-8, 9, 1), (0, 3_000_000_000, 0)):
+        a, b = np.random.default_rng(5), np.random.default_rng(5)
+        if half:
+            a.integers(0, 5, dtype=np.int32), b.integers(0, 5, dtype=np.int32)
+        want = a.integers(lo, hi, size=100_003)
+        p = draw_core.plan(b.bit_generator, lo, hi, 100_003)
+        for w in (41, 40, 1):
+            out = np.zeros((len(starts), w), np.int64)
+            ok = draw_core.draw_rows(p, starts, out)
+            if lo == -8:
+                assert ok and np.array_equal(out, np.stack([want[k:k + w] for k in starts]))
+            else:                                 # a third rejected
+                assert not ok
+
+
 def test_normals_in_chunks_are_one_draws():
     """reference.normals: made CHUNK values at a time, the values of one draw of the whole, and
     the generator left in the same place."""

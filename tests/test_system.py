@@ -137,6 +137,18 @@ def test_receive_before_arrival_is_a_hazard(mlp2):
     assert e.value.kind == "link-early" and e.value.line > 0
 
 
+def test_a_chips_own_hazard_names_the_chip(mlp2):
+    """A one-chip hazard in a system (an instruction 3 cycles early) is the run's HazardError,
+    with the chip in its message (emulator/c2c.py `advance`)."""
+    g, sp = mlp2
+    p = sp.chips[0]
+    nop = next(i for i in range(p.n_instructions) if p.op[i] == O.NOP and p.args[i, 0] > 3)
+    bad = _mutated(p, nop, 0, int(p.args[nop, 0]) - 3)
+    with pytest.raises(HazardError, match=r"hazard at cycle \d+ on chip 0 ") as e:
+        run_system(dataclasses.replace(sp, chips=[bad, sp.chips[1]]), random_values(g, 0))
+    assert not e.value.kind.startswith("link") and e.value.line > 0
+
+
 def test_two_sends_in_one_slot_is_a_hazard(mlp2):
     g, sp = mlp2
     send = sp.chips[0]
@@ -459,9 +471,9 @@ def test_multi_chip_bounds(mlp2):
 
 
 def test_chips_let_go_when_done_give_the_same_result(mlp2, monkeypatch):
-    """A large group drops each chip's prepared program when it ends (emulator/system.py
+    """A large group drops each chip's prepared program when it ends (emulator/system_group.py
     KEEP_BELOW): the same outputs and cycles, and the next run prepares it again."""
-    import lpu.emulator.system as S
+    import lpu.emulator.system_group as S
     g, sp = mlp2
     vals = random_values(g, 1)
     want = run_system(sp, vals)

@@ -181,3 +181,32 @@ def test_two_nodes_of_eight_ranks_form_a_pipeline():
     r = run_system(sp, vals)
     assert r.cycles == sp.predicted_cycles and api.check(g, sp.chips[8], vals, r)["ok"]
     assert sp.chips[8].predicted_cycles > sp.chips[0].predicted_cycles + s.global_hop_cycles
+
+
+@pytest.mark.parametrize("rejected", [False, True])
+def test_workers_draw_their_chips_parts(llama4, monkeypatch, rejected):
+    """lpu run --workers without --check (`start(..., own=True)`): the integer weights split
+    across the chips are drawn by each worker straight into its chips' SRAM images, never made
+    here (None); a given value of one is loaded instead; the same result as one process, also
+    when a draw is rejected (every value is then made here and sent)."""
+    from lpu.cmd_system import declared
+    from lpu.compiler import draw_core
+    from lpu.emulator.system import start
+    g, sp = llama4
+    if rejected:                      # forked: the workers see it
+        monkeypatch.setattr(draw_core.Plan, "make_rows", lambda p, starts, out, real=draw_core.draw_rows:
+                            real(p, starts, out) and p.n != 2 * 64 * 128)     # wg, wu, wd
+    started = start(sp, declared(sp).symbols, 2, own=True)
+    assert sorted(started.own) == ["wd", "wg", "wk", "wo", "wq", "wu", "wv"]
+    assert started.own["wo"][1] == (slice(0, 2), slice(16, 32), slice(0, 64))
+    given = {"wq": np.ones((2, 64, 64), np.int8)}
+    vals = api.inputs_for(g, declared(sp), 6, given, into=started.arrays, defer=started)
+    ref = random_values(g, 6)
+    ref["wq"] = given["wq"]
+    made = [k for k in ref if k != "wq" and vals[k] is None]
+    assert made == ([] if rejected else ["wk", "wv", "wo", "wg", "wu", "wd"])
+    two = run_system(sp, vals, started=started)
+    one = run_system(sp, ref)
+    assert [c.cycles for c in one.chips] == [c.cycles for c in two.chips] == [p.predicted_cycles for p in sp.chips]
+    assert all(np.array_equal(one.outputs[k], two.outputs[k]) for k in one.outputs)
+    assert all(np.array_equal(one.states[k], two.states[k]) for k in one.states)
