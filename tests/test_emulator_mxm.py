@@ -253,6 +253,31 @@ def test_flush_sends_a_batch_to_blas_by_its_work_not_its_length():
             assert np.array_equal(_bits(acc[0, :n].view(np.float32)), _bits(reference(x[:n], w)))
 
 
+def test_install_converts_a_buffer_as_the_separate_passes():
+    """IW's conversion (mxm.install): the weights as float32, transposed or not, with the column
+    norms and grains of `column_norms` and the row support of `row_support`, for f16 (zero rows
+    and columns, a subnormal, an infinity, a NaN) and i8: what a faster install (one pass, a
+    cache by content) has to keep."""
+    rng = np.random.default_rng(6)
+    lanes = 64
+    v = (rng.standard_normal((lanes, lanes)) * 0.1).astype(np.float16)
+    v[3], v[:, 5], v[7, 9], v[8, 1], v[9, 2], v[10, 40:] = 0, 0, 2.0**-24, np.inf, np.nan, 0
+    for dt, bits in ((D_F16, v.view(np.uint16)), (D_I8, rng.integers(-128, 128, (lanes, lanes)).astype(np.uint8))):
+        buf = np.zeros((2, lanes, lanes), np.uint8)
+        buf[0], buf[1] = bits & 0xFF, bits >> 8 if dt == D_F16 else 0
+        want = v.astype(np.float32) if dt == D_F16 else bits.view(np.int8).astype(np.float32)
+        for trans in (False, True):
+            w, norms, wcols = np.zeros((lanes, lanes), np.float32), np.zeros((2, lanes)), np.zeros((lanes, 2), np.int64)
+            mxm.install(buf, dt, trans, lanes, w, norms, wcols)
+            ref = np.ascontiguousarray(want.T if trans else want)
+            assert np.array_equal(w, ref, equal_nan=True)
+            ref_norms, (ref_cols, _) = np.zeros((2, lanes)), _support(ref)
+            mxm.column_norms(ref, ref_norms)
+            assert np.array_equal(norms, ref_norms, equal_nan=True) and np.array_equal(wcols, ref_cols)
+            if dt == D_F16:      # the infinity's column, the subnormal's grain
+                assert np.isinf(norms[0, 8 if trans else 1]) and norms[1, 7 if trans else 9] == 2.0**-24
+
+
 def test_the_core_finds_numpys_blas():
     """numpy's wheels bundle OpenBLAS with 64-bit integers: there the core calls it directly."""
     info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
