@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 
 from lpu.emulator import vxm_fast
-from lpu.emulator.borrow import borrowed, prefetch_row
+from lpu.emulator.borrow import borrowed, prefetch, prefetch_row
 from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, prepare.py, c2c.py as core.X)
     CORE_UNIT_OF, C_READ_REF, H_ADDR, H_BANK, H_BUSY, H_C2C, H_DTYPE, H_FLUSH, H_INSTALL, H_NONE,
     H_NOT_READY, H_OPERAND, H_ORDER, H_SRAM_CLOBBERED, H_SRAM_EMPTY, H_STREAM_EMPTY, H_TWO_WRITERS,
@@ -459,10 +459,24 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
     n = cyc.shape[0]
     for i in range(start, n):
         j = i + PREFETCH_AHEAD      # the SRAM row of a MEM instruction a few ahead is asked for now
-        if j < n and cunit[j] == U_MEM:
+        if j < n and cunit[j] == U_MEM:   # (and its stream slot's fields, and its row's valid flag)
             bank, addr, sl = args[j, 0], args[j, 1], uidx[j]
             if bank >= 0 and bank < bank_base.shape[1] and addr >= 0 and addr < naddr:
-                prefetch_row(mem, bank_base[sl, bank] + addr - bank_lo[sl, bank])
+                row = bank_base[sl, bank] + addr - bank_lo[sl, bank]
+                prefetch_row(mem, row)
+                prefetch(valid, row, 1)
+            ref = args[j, 2]
+            d, s = (ref >> 6) & 3, ref & 63
+            if ref >= 0 and d <= 1 and s < spd:
+                c = cyc[j] + lat[j] if cop[j] == C_READ or cop[j] == C_READ_REF else cyc[j]
+                slot = (d * spd + s) * ring_k.shape[2] + ((c - upos[j] if d == 0 else c + upos[j]) & (ring_k.shape[2] - 1))
+                prefetch(ring[0], slot, 1)
+                prefetch(ring[1], slot, 1)
+                prefetch(ring[2], slot, 1)
+                prefetch(ring[4], slot, 1)
+                prefetch(ring[5], slot, 1)
+                if cop[j] == C_WRITE:
+                    prefetch(ring[3], slot * lanes, lanes)
         t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
         p = upos[i]
         if u == U_MEM:
