@@ -351,6 +351,7 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
 
 
 PREFETCH_AHEAD = 12   # instructions: far enough ahead for a cache miss, near enough to stay cached
+STREAM_AHEAD = 128    # instructions: the columns of the instruction list are asked for this far ahead
 ABC_BATCH = 128    # an ABC's product is computed at its plane's IW, an ACC of its row, or when 128 wait
 
 
@@ -458,6 +459,15 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
     f32v = u32.view(np.float32)
     n = cyc.shape[0]
     for i in range(start, n):
+        if i & 7 == 0 and i + STREAM_AHEAD < n:     # the instruction columns, 8 instructions at a time
+            f = i + STREAM_AHEAD
+            prefetch(cyc, f, 64)
+            prefetch(cop, f, 64)
+            prefetch(cunit, f, 64)
+            prefetch(uidx, f, 64)
+            prefetch(upos, f, 64)
+            prefetch(lat, f, 64)
+            prefetch(args, f * args.shape[1], 8 * 8 * args.shape[1])
         j = i + PREFETCH_AHEAD      # the SRAM row of a MEM instruction a few ahead is asked for now
         if j < n and cunit[j] == U_MEM:   # (and its stream slot's fields, and its row's valid flag)
             bank, addr, sl = args[j, 0], args[j, 1], uidx[j]
