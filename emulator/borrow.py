@@ -58,3 +58,28 @@ def prefetch_row(typingctx, arr, row):
                 builder.call(fn, [builder.gep(base, [off]), ir.IntType(32)(0), ir.IntType(32)(3), ir.IntType(32)(1)])
         return context.get_dummy_value()
     return types.none(arr, row), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, i, nbytes):
+    """Asks the cache for the bytes [i * itemsize, i * itemsize + nbytes) of a C-contiguous
+    array's memory (i a flat element index; every 64-byte line of the range); like
+    `prefetch_row`, it changes nothing and cannot fault (i is checked against the size)."""
+    if not (isinstance(arr, types.Array) and arr.layout == "C" and isinstance(i, types.Integer)
+            and isinstance(nbytes, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        r = context.cast(builder, args[1], sig.args[1], types.intp)
+        n = context.cast(builder, args[2], sig.args[2], types.intp)
+        ok = builder.and_(builder.icmp_signed(">=", r, r.type(0)), builder.icmp_signed("<", r, ary.nitems))
+        with builder.if_then(ok, likely=True):
+            i8p = ir.IntType(8).as_pointer()
+            base = builder.gep(builder.bitcast(ary.data, i8p), [builder.mul(r, ary.itemsize)])
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                ir.VoidType(), [i8p, ir.IntType(32), ir.IntType(32), ir.IntType(32)]), "llvm.prefetch.p0")
+            with cgutils.for_range_slice(builder, r.type(0), n, r.type(LINE)) as (off, _):
+                builder.call(fn, [builder.gep(base, [off]), ir.IntType(32)(0), ir.IntType(32)(3), ir.IntType(32)(1)])
+        return context.get_dummy_value()
+    return types.none(arr, i, nbytes), codegen

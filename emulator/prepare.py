@@ -182,8 +182,12 @@ def prepare(program: Program, schedule) -> Prepared:
     uidx, upos = qidx[s.queue], qpos[s.queue]
     base, lo, nrows, sym_rows = _layout(program, s, uidx)
     loaded = [sym_rows[y.name].ravel() for y in program.symbols if y.kind in LOADED_KINDS]
+    # A stream ring's slot holds diagonal k until diagonal k + ring_size takes it, written by an
+    # instruction issued at cycle >= k + ring_size - (positions - 1) - max latency: after the last
+    # cycle k can be read (k + positions - 1 eastward, k westward) when ring_size >= positions +
+    # max latency. (Twice that, as before, doubled the rings' memory and their cache misses.)
     ring_size = 64
-    while ring_size < 2 * (m.n_positions + max(m.latency.values()) + 1):
+    while ring_size < m.n_positions + max(m.latency.values()):
         ring_size *= 2
     loaded = np.concatenate(loaded) if loaded else np.zeros(0, np.int64)
     free = indexed_reach(s, uidx, base, lo, m, max(nrows, 1))  # (a mask: setdiff1d hashes every row, seconds on a

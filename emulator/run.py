@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpu.emulator import blas, core, mxm, sram_core
+from lpu.emulator import blas, core, hugemem, mxm, sram_core
 from lpu.emulator.core_links import NO_LINKS
 from lpu.emulator.prepare import Prepared, prepare
 from lpu.isa import opcodes as O
@@ -210,7 +210,7 @@ def load(program: Program, values: dict, prep: Prepared | None = None) -> np.nda
     m = program.machine
     prep = prep or prepare(program, schedule)
     if prep.mem is None:
-        prep.mem = np.zeros((max(prep.nrows, 1), m.lanes), np.uint8)
+        prep.mem = hugemem.zeros((max(prep.nrows, 1), m.lanes), np.uint8)
     else:
         sram_core.clear(prep.mem, prep.unloaded_rows)    # the loaded tensors' rows are all written below
     mem = prep.mem

@@ -169,3 +169,17 @@ def test_i8_to_f16_bits_by_the_cpu_equal_numpy():
     convert(v, out8, out64)
     want = v.view(np.int8).astype(np.float16).view(np.uint16).astype(np.int64)
     assert np.array_equal(out8, want) and np.array_equal(out64, want)
+
+
+def test_huge_page_arrays_are_zeroed_aligned_and_independent():
+    from lpu.emulator import hugemem
+    a = hugemem.zeros((3000, 320), np.uint8)              # 960,000 bytes: plain numpy
+    b = hugemem.zeros((4, 2048, 320), np.uint32)          # 10.5 MB: its own huge-page mapping
+    c = hugemem.zeros((4, 2048, 320), np.uint32)
+    for x, shape, dt in ((a, (3000, 320), np.uint8), (b, (4, 2048, 320), np.uint32)):
+        assert x.shape == shape and x.dtype == dt and x.flags.c_contiguous and x.flags.writeable
+        assert not x.any()
+    assert b.ctypes.data % hugemem.HUGE == 0
+    b[3, 2047, 319] = 7
+    b[0, 0, 0] = 1
+    assert c.sum() == 0 and b.sum() == 8
