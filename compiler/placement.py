@@ -30,6 +30,11 @@ def temp_region(lw, n, aliased):
     if side is not None and n.op == "tfold":
         k, ns = min(FOLD_SLICES, lw.m.mem_slices_per_hemisphere), lw.m.mem_slices
         return window_region(lw, n.shape, n.dtype, ((0, k),) if side == 0 else ((ns - k, k),), n.id, what)
+    if side is not None and n.op == "matmul" and n.inputs[0] in lw.fold_feeds:
+        # (a fed fold's product, lowered with the fold's TPINs: its f32 rows on its side, not in
+        # the slices of p.T, whose reads for the other fold they crowded: movement.fed)
+        half, f = lw.m.mem_slices_per_hemisphere, FOLDED_SLICES
+        return window_region(lw, n.shape, n.dtype, ((0, half - f),) if side == 0 else ((half + f, half - f),), n.id, what)
     if side is not None:
         return side_region(lw, n.shape, n.dtype, side, n.id, what)
     if vxm_output(lw, n) if aliased else vxm_to_vxm(lw, n):
