@@ -15,7 +15,7 @@ from lpu.compiler.partition import LINK_PREFIX
 from lpu.isa.opcodes import dtype_width
 
 NEAR_SLICES = 20     # slices a side that near_region uses (vxm_to_vxm)
-FOLDED_SLICES = 8    # the same for a tensor folded through both SXMs (folded)
+FOLDED_SLICES = 10    # the same for a tensor folded through both SXMs (folded)
 OUTPUT_SLICES = 2    # the same for an output made on the VXM (vxm_output)
 EDGE_SLICES = 16     # slices at an edge that a weight installed whole lies in (edge_weights)
 EDGE_SHARE = 0.125   # of the SRAM those weights may take so laid
@@ -140,7 +140,8 @@ def folded(lw, n) -> bool:
     from the FOLDED_SLICES slices a side nearest the VXM, not NEAR_SLICES. Measured (with the
     streamed folds, movement._fold_streamed; 4, 6, 8, 12, 16, 20): attention_prefill 848, 845,
     849, 851, 856, 864 (2: 899, their banks crowd); with near_region's sides from the VXM out
-    (4, 6, 8, 10): 822, 819, 816, 817."""
+    (4, 6, 8, 10): 822, 819, 816, 817; with the fed folds (movement.fed; 6, 8, 9, 10, 12): 808,
+    806, 806, 805, 809."""
     us = [lw.g.node(u) for u in lw.g.users(n.id)]
     return len(us) > 1 and all(u.op == "tfold" for u in us)
 
