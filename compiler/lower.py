@@ -98,6 +98,7 @@ class Lowerer:
                           for h in range(2)] if decode else None
         self._edge_cost: dict = {}
         self.weight_side: dict = {}              # product -> the hemisphere of its weights (placement.edge_weights)
+        self.fold_feeds: dict = {}               # tfold -> its columns' feed to its product (movement.fold_feed)
         self.first_level: dict = {}              # reduction -> its first level made by its source (lower_reduce.first_blocks)
         self.sxm_rows = [0, 0]                   # decode heads' row reductions on each SXM (lower_reduce)
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from lpu.compiler.chains import ChainBuilder, lw_rows
 from lpu.compiler.lower_common import copy
-from lpu.compiler.movement import tfold_sxm
+from lpu.compiler.movement import fold_feed, tfold_sxm
 from lpu.isa import opcodes as O
 from lpu.isa.dtypes import DTYPE_CODE, dtype_width
 
@@ -309,6 +309,7 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
     khalf = [int(pair and M > FEW_ROWS and K - kt * lanes <= lanes // 2) for kt in range(ktiles)]
     khold = [m.abc_cycles(pair, h != 0) for h in khalf]
     load = c.mxm_load
+    feed = n.inputs[0] in lw.fold_feeds
     once = not trans and not cvt and _one_install(lw, n.inputs[1], K, M)
     for nt, (m0, m1), u, base in jobs:
         if u is None:
@@ -339,7 +340,7 @@ def _matmul2d(lw, n, agrid, bgrid, ogrid, M, K, N, mdt, trans, cvt):
                 lw.chains.append(cb.chain())
             for mi, row in enumerate(rows):
                 cb = ChainBuilder(c, n.line, n.id, hint=(("abc", u), hold - c.m.n_positions))
-                gi = cb.read(int(agrid[row, kt]), w, pos, 0)
+                gi = fold_feed(lw, n.inputs[0], cb, row, pos, dt) if feed else cb.read(int(agrid[row, kt]), w, pos, 0)
                 after = [(("iw", u), 1)]
                 if kt == 0 and into is None:
                     after.append((("acc", u, base + mi), 1))

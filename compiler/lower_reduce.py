@@ -158,12 +158,14 @@ FIRST_GROUPS = 6    # groups of 4 slices nearest the VXM those maxima lie in (me
 #                     3,484, 3,442, 3,440, 3,441, 3,458, 3,457; the reduction's own _partials: 992)
 SUM_ROWS = 4        # the same for the rows of a fused elementwise tree and their sum (lower_fuse._block_chains;
 #                     with SUM_GROUPS 6: 2 -> attention_prefill 898, gpt2_block_prefill 3,431; 4 -> 880, 3,411)
-SUM_GROUPS = 4      # measured with 4 rows: 3, 4, 5, 6, 7, 8, 9, 10, 12 -> attention_prefill 979, 897, 896, 880,
+SUM_GROUPS = 5      # measured with 4 rows: 3, 4, 5, 6, 7, 8, 9, 10, 12 -> attention_prefill 979, 897, 896, 880,
 #                     890, 875, 886, 886, 887; gpt2_block_prefill 3,427, 3,421, 3,409, 3,411, 3,412, 3,417, 3,417, 3,412, 3,412;
 #                     with _top (and placement.rows_of): 4, 5, 6, 7, 8, 9 -> attention_prefill 815, 814, 811, 825,
 #                     833, 822; gpt2_block_prefill 3,256, 3,250, 3,253, 3,260, 3,254, 3,249 (6 had it 1 slower);
 #                     merged with attn13w's streamed folds: 2, 3, 4, 5, 6, 7 -> 847, 878, 817, 819, 820, 823;
-#                     gpt2_block_prefill 3,264, 3,264, 3,241, 3,246, 3,239, 3,253
+#                     gpt2_block_prefill 3,264, 3,264, 3,241, 3,246, 3,239, 3,253;
+#                     with attn13y's fed folds and the max anchor (rewrite_pack._anchor), NEAR_SLICES 30,
+#                     FOLDED_SLICES 8: 4, 5, 6 -> 790, 793, 799; gpt2_block_prefill 3,237, 3,229, 3,228 (FOLDED 10: 792, 795, 801)
 
 
 def first_blocks(lw, src, op="max", row_ops=3, rows=FIRST_ROWS, groups=FIRST_GROUPS):

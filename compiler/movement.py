@@ -194,7 +194,8 @@ def tfold(lw, n):
     copy in SRAM); buffer column col read out holds x[r, col + j * step] in lane j * R + r, and
     only the columns of the runs are read out. Where x's zeros are known (a causal softmax's p.T:
     rewrite_pair.live) and the SXM's buffer is clean, each column is read out as soon as the
-    rows it needs are in (`_fold_streamed`)."""
+    rows it needs are in (`_fold_streamed`), or, where its one user is a product reading it as
+    rows (`fed`), by that product's ABC chains (`fold_feed`): this lowers nothing then."""
     x = lw.g.node(n.inputs[0])
     R, a = x.shape[0], n.attrs
     src = np.asarray(lw.grid[x.id]).reshape(R, -1)[:, 0]
@@ -206,6 +207,11 @@ def tfold(lw, n):
     need = _fold_need(lw, n, x, cols)
     if need is not None and not lw.in_loop(n) and \
             not any(lw.ctx.tp_dirty.get((h, p), 0) for p in range(O.SXM_TRANSPOSE_BUFFERS)):
+        if fed(lw, n):
+            lw.fold_feeds[n.id] = (n, rows.reshape(-1), rots, cols, h, need, np.zeros(len(rots), bool))
+            for p in range(dtype_width(x.dtype)):
+                lw.ctx.tp_dirty[(h, p)] = int(np.flatnonzero(need.any(axis=1)).max()) + 1
+            return
         _fold_streamed(lw, n, rows.reshape(-1), rots, cols, h, need, dst.reshape(-1), x.dtype)
         return
     transpose_grid(lw, n, rows, (a["parts"] * R, n.shape[0]), dst, x.dtype, rots, cols, h)
@@ -247,6 +253,41 @@ def _fold_streamed(lw, n, rows, rots, cols, h, need, dst, dtype):
         _tpout_chain(lw, n, h, spos, int(col), int(dst[i]), w, dt, ((fold, 1),))
     for p in range(w):
         c.tp_dirty[(h, p)] = int(np.flatnonzero(done).max()) + 1
+
+
+def fed(lw, n) -> bool:
+    """Streamed tfold n feeds its columns straight to its one user, a product with n as its
+    left operand (one K-tile, one output chunk): each column's TPOUT in the chain of
+    the ABC that reads it (`fold_feed`), no trip through SRAM. The product's install comes
+    first (lowered with the product, after the fold: its chains placed before the TPINs).
+    Measured on attention_prefill (tsp-v1): 816 -> 806 (TPOUT to ABC 4 cycles, were 11-24: the
+    write, the read and the hops to and from the fold's slices; the last ABCs 729/732 ->
+    716/723), with the products' rows out of p.T's slices (placement.temp_region; 921 without:
+    their writes crowded the second fold's reads, placed after them now)."""
+    us = lw.g.users(n.id)
+    if len(us) != 1:
+        return False
+    u = lw.g.node(us[0])
+    return u.op == "matmul" and n.dtype == "f16" and len(u.inputs) == 2 and u.inputs[0] == n.id and \
+        u.inputs[1] != n.id and n.shape[-1] <= lw.lanes and u.shape[-1] <= lw.lanes
+
+
+def fold_feed(lw, fid, cb, row, pos, dt) -> int:
+    """The stream group of fed tfold fid's row `row` (buffer column cols[row]) arriving at MXM
+    position pos at offset 0 of chain cb: the TPINs of the rows that column needs not in yet go
+    first (their own chains), then the column's TPOUT joins cb."""
+    n, rows, rots, cols, h, need, done = lw.fold_feeds[fid]
+    c = lw.ctx
+    w = dtype_width(n.dtype)
+    spos = c.m.sxm_pos(h)
+    fold = ("tfold", h, n.id)
+    for j in np.flatnonzero(need[:, row] & ~done):
+        _tpin_chain(lw, n, h, spos, int(rows[j]), int(rots[j]), w, dt, int(j), (),
+                    ((("tpin", h), 0), (fold, 0)))
+        done[j] = True
+    gl = cb.link(spos, pos, 0, w)
+    cb.tpout(h, -(c.lat[O.TPOUT] + abs(pos - spos)), int(cols[row]), (gl, dt), ((fold, 1),), ((("tpout", h), 0),))
+    return gl
 
 
 def _tpin_chain(lw, n, h, spos, slot, k, w, dt, row, after, mark):

@@ -30,6 +30,11 @@ def temp_region(lw, n, aliased):
     if side is not None and n.op == "tfold":
         k, ns = min(FOLD_SLICES, lw.m.mem_slices_per_hemisphere), lw.m.mem_slices
         return window_region(lw, n.shape, n.dtype, ((0, k),) if side == 0 else ((ns - k, k),), n.id, what)
+    if side is not None and n.op == "matmul" and n.inputs[0] in lw.fold_feeds:
+        # (a fed fold's product, lowered with the fold's TPINs: its f32 rows on its side, not in
+        # the slices of p.T, whose reads for the other fold they crowded: movement.fed)
+        half, f = lw.m.mem_slices_per_hemisphere, FOLDED_SLICES
+        return window_region(lw, n.shape, n.dtype, ((0, half - f),) if side == 0 else ((half + f, half - f),), n.id, what)
     if side is not None:
         return side_region(lw, n.shape, n.dtype, side, n.id, what)
     if vxm_output(lw, n) if aliased else vxm_to_vxm(lw, n):
@@ -164,7 +169,8 @@ def folded(lw, n) -> bool:
     from the FOLDED_SLICES slices a side nearest the VXM, not NEAR_SLICES. Measured (with the
     streamed folds, movement._fold_streamed; 4, 6, 8, 12, 16, 20): attention_prefill 848, 845,
     849, 851, 856, 864 (2: 899, their banks crowd); with near_region's sides from the VXM out
-    (4, 6, 8, 10): 822, 819, 816, 817."""
+    (4, 6, 8, 10): 822, 819, 816, 817; with the fed folds (movement.fed; 6, 8, 9, 10, 12): 808,
+    806, 806, 805, 809."""
     us = [lw.g.node(u) for u in lw.g.users(n.id)]
     return len(us) > 1 and all(u.op == "tfold" for u in us)
 

@@ -348,7 +348,7 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
     A head's output x_h = f16(p_h @ v_h) whose product with its rows W_h of W costs no more
     output chunks than p_h @ v_h (W no wider than the lanes, as v_h is) is computed as
     p_h @ f16(v_h @ W_h) instead (`_absorbed`): v_h @ W_h runs while the softmax makes p_h (v_h
-    is ready long before; lowered after the softmax's sum, `_anchor`), and the path from p_h to the output has one product, not two (and
+    is ready long before; lowered after the softmax's max, `_anchor`), and the path from p_h to the output has one product, not two (and
     no f16 pass between them). The rounding moves from the head's output to v_h @ W_h (both f16
     before an MXM product; the reference's tolerance).
 
@@ -418,15 +418,17 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
 
 def _anchor(g: IRGraph, nid) -> int:
     """The node after which v_h @ W_h is lowered, for a head whose probabilities are nid: the
-    softmax's sum (the latest sum after the latest max that nid depends on without a matmul
-    between), else that max, where the MXM waits for the reduction, else the latest such matmul
-    (its score; -1 if none). Measured on attention_prefill (tsp-v1) after: the score product
+    softmax's max (the latest max that nid depends on without a matmul between), where the MXM
+    waits for the reduction, else the latest such matmul (its score; -1 if none). Measured on attention_prefill (tsp-v1) after: the score product
     1,674 cycles, the mask 1,662, the max 1,626, the exp 1,637, the division 1,648, the f16
     rounding 1,642, the transpose 1,656; later, with the exps' first level of the sum in their
     chains (lower_fuse._block_chains): the max 880, the exp 831, the sum 823, the division 849,
     the rounding 889 (lowered after the max, the products' casts and the exps' chains had
-    taken turns on the streams and the VXM: the exps spread over 93 cycles, not 36)."""
-    seen, todo, best = set(), [nid], {"sum": -1, "max": -1, "matmul": -1}
+    taken turns on the streams and the VXM: the exps spread over 93 cycles, not 36). With the
+    folds' columns fed straight to their products (movement.fold_feed) the max again: 813 -> 793
+    (NEAR_SLICES 20, 30, 44 with the max: 807, 793, 784; gpt2_block_prefill 3,229 either way at
+    30)."""
+    seen, todo, best = set(), [nid], {"max": -1, "matmul": -1}
     while todo:
         i = todo.pop()
         if i in seen:
@@ -438,8 +440,6 @@ def _anchor(g: IRGraph, nid) -> int:
             if n.op == "matmul":
                 continue
         todo.extend(n.inputs)
-    if best["sum"] > best["max"] >= 0:
-        return best["sum"]
     return best["max"] if best["max"] >= 0 else best["matmul"]
 
 

@@ -25,7 +25,8 @@ read out) 1,038, only the pairs' columns 1,040; both SXMs 1,032; p.T near the VX
 folds' rows at the edge in 8, 4, 16, 24, 44 (a hemisphere) slices 965, 983, 972, 970, 995.
 Where p.T's zeros are known (`live`: a causal mask's dropped keys), each column is read out as
 soon as the rows it needs are in (movement._fold_streamed): the products start while the folds
-still fill their buffers (attention_prefill 880 -> 864; with the placements near the VXM, 830).
+still fill their buffers (attention_prefill 880 -> 864; with the placements near the VXM, 830),
+and, read by the product's ABC chains, goes to the MXM on the stream (movement.fold_feed: 816 -> 806).
 """
 from __future__ import annotations
 

@@ -111,3 +111,23 @@ def test_a_fold_whose_zeros_are_not_known_reads_its_columns_after_all_rows():
         tin = cyc[(prog.op == O.BY_NAME["TPIN"].code) & (sxm == s)]
         tout = cyc[(prog.op == O.BY_NAME["TPOUT"].code) & (sxm == s)]
         assert tout.min() > tin.max()
+
+
+def test_a_streamed_fold_feeds_its_columns_straight_to_its_product(monkeypatch):
+    """Each column a causal fold reads out (TPOUT) goes on the stream straight to the ABC of
+    its product's row (movement.fold_feed: one chain, no trip through SRAM): no instruction
+    of a tfold writes SRAM, each TPOUT is its product's, a few cycles before that row's ABC,
+    and the program is faster than with the columns written to SRAM and read back."""
+    from lpu.compiler import movement
+    m = MachineConfig.load("tsp-v1")
+    src = _program("attention_prefill")
+    prog, _ = compile_source(src, "a.lpu", {}, m)
+    e = _Expanded(prog)
+    ops = np.array([prog.nodes[int(x)][0] for x in prog.node])[e.src]
+    write, tpout, abc = (O.BY_NAME[x].code for x in ("WRITE", "TPOUT", "ABC"))
+    assert not ((ops == "tfold") & (e.op == write)).any()
+    assert set(ops[e.op == tpout]) == {"matmul"} and (e.op == tpout).sum() == 2 * 64
+    assert e.cycle[e.op == abc].max() - e.cycle[e.op == tpout].max() <= 8
+    monkeypatch.setattr(movement, "fed", lambda lw, n: False)
+    through, _ = compile_source(src, "a.lpu", {}, m)
+    assert prog.predicted_cycles < through.predicted_cycles

@@ -291,7 +291,7 @@ def test_heads_joined_along_the_lanes_at_the_end_feed_the_mxm_with_their_rows_of
     after it: each head multiplies its rows of wo and the products are added, no lane moves; the
     results agree with the reference. Where wo is no wider than the lanes (tsp-v1), each head's
     f16(p @ v) @ wo_h is p @ f16(v @ wo_h): v @ wo_h is made off the path (after the
-    softmax's sum), and the path from p to the output has one product: fewer cycles."""
+    softmax's max), and the path from p to the output has one product: fewer cycles."""
     from lpu.compiler import rewrite_pack
     m = MachineConfig.load(machine)
     src = _program("attention_prefill")
@@ -303,8 +303,8 @@ def test_heads_joined_along_the_lanes_at_the_end_feed_the_mxm_with_their_rows_of
     assert sum(n.op == "matmul" for n in s.nodes()) == sum(n.op == "matmul" for n in g.nodes()) + 3
     absorbed = [n for n in s.nodes() if n.op == "matmul" and "after" in n.attrs]
     assert len(absorbed) == (4 if 4 * hd <= m.lanes else 0)
-    for n in absorbed:       # v_h @ wo_h, lowered after its head's softmax sum
-        assert s.node(n.attrs["after"]).op == "sum" and n.attrs["after"] < n.id
+    for n in absorbed:       # v_h @ wo_h, lowered after its head's softmax max
+        assert s.node(n.attrs["after"]).op == "max" and n.attrs["after"] < n.id
         assert make_plan(s, m.lanes).depth[n.id] > make_plan(s, m.lanes).depth[n.attrs["after"]]
     prog, g, _, _ = run_checked(src, m, 16, "a.lpu")
     if absorbed:
