@@ -41,7 +41,7 @@ class ChipRun:
             prep.mem = np.zeros((max(prep.nrows, 1), m.lanes), np.uint8) if prep.mem is None else prep.mem
             self.mem = prep.mem
         else:
-            self.mem = R.load(program, values, prep)
+            self.mem = R.load(program, values, prep, huge=False)
         self.valid = np.zeros(len(self.mem), np.uint8)
         self.valid[prep.loaded_rows] = 1
         for y in program.symbols:
