@@ -90,6 +90,16 @@ def weights_of(lw, n):
     1,442 -> 1,342 (a masked query row on the far side's slot 0 had been the install's last,
     90 hops from its pair), gpt2_block_prefill 3,676 -> 3,615, llama_block_prefill 6,196 ->
     6,187; slices' copies too made llama_block_prefill 6,286 and bert_base L=1 14,836."""
+    r = _product_of(lw, n, ("reshape", "transpose"), ("view", "mxm_t"))
+    if r is None:
+        return None
+    x, u = r
+    return u if len(u.inputs) == 2 and u.inputs[1] == x.id and u.inputs[0] != x.id else None
+
+
+def _product_of(lw, n, views, kinds):
+    """(x, u): the product u that n reaches, each step through its one user, over views whose op
+    is in `views` and plan kind in `kinds`, and x the node u reads; None where the walk stops."""
     x = n
     while True:
         us = lw.g.users(x.id)
@@ -97,8 +107,8 @@ def weights_of(lw, n):
             return None
         u = lw.g.node(us[0])
         if u.op == "matmul":
-            return u if len(u.inputs) == 2 and u.inputs[1] == x.id and u.inputs[0] != x.id else None
-        if u.op not in ("reshape", "transpose") or lw.plan.kind[u.id] not in ("view", "mxm_t"):
+            return x, u
+        if u.op not in views or lw.plan.kind[u.id] not in kinds:
             return None
         x = u
 
@@ -111,18 +121,12 @@ def rows_of(lw, n):
     so did their masked scores' max blocks. Measured: attention_prefill 823 -> 840 alone,
     821 with the max's last items raw (lower_reduce._raw_last); gpt2_block_prefill 3,411 ->
     3,269 alone, 3,252 with it (its ffn's and its heads' rows); the others unchanged."""
-    x = n
-    while True:
-        us = lw.g.users(x.id)
-        if len(us) != 1:
-            return None
-        u = lw.g.node(us[0])
-        if u.op == "matmul":       # (one accumulating into another's sum: its side once that is lowered)
-            ok = u.inputs[0] == x.id and x.id not in u.inputs[1:]
-            return u if ok and (len(u.inputs) == 2 or u.inputs[2] in lw.ctx.acc_jobs) else None
-        if u.op not in ("reshape", "slice") or lw.plan.kind[u.id] != "view":
-            return None
-        x = u
+    r = _product_of(lw, n, ("reshape", "slice"), ("view",))
+    if r is None:
+        return None
+    x, u = r                   # (one accumulating into another's sum: its side once that is lowered)
+    ok = u.inputs[0] == x.id and x.id not in u.inputs[1:]
+    return u if ok and (len(u.inputs) == 2 or u.inputs[2] in lw.ctx.acc_jobs) else None
 
 
 def reduced_across(lw, nid) -> bool:

@@ -94,6 +94,12 @@ def pair_heads(g: IRGraph, lanes: int) -> IRGraph:
     return rebuild(g, node)
 
 
+def _over_keys(g: IRGraph, n, op) -> bool:
+    """n's second operand is `op` over axis 0 of its first (a softmax's max or sum)."""
+    r = g.node(n.inputs[1])
+    return r.op == op and r.inputs[0] == n.inputs[0] and r.attrs["axis"] == 0
+
+
 def live(g: IRGraph, nid: int):
     """Where the values of n = a packed softmax's p.T may be non-zero (bool, n's shape), or
     None where that is not known: p.T = f16(e / sum(e)), e = exp(c * (where(cond, s, -inf) -
@@ -104,8 +110,7 @@ def live(g: IRGraph, nid: int):
     n = g.node(nid)
     if n.op == "cast" and n.dtype in ("f16", "f32"):
         n = g.node(n.inputs[0])
-    if n.op != "div" or g.node(n.inputs[1]).op != "sum" or g.node(n.inputs[1]).inputs[0] != n.inputs[0] \
-            or g.node(n.inputs[1]).attrs["axis"] != 0:
+    if n.op != "div" or not _over_keys(g, n, "sum"):
         return None
     e = g.node(n.inputs[0])
     if e.op != "exp":
@@ -116,8 +121,7 @@ def live(g: IRGraph, nid: int):
         if c.op != "const" or c.shape != () or not float(np.asarray(c.attrs["value"])) > 0:
             return None
         x = g.node(x.inputs[0])
-    if x.op != "sub" or g.node(x.inputs[1]).op != "max" or g.node(x.inputs[1]).inputs[0] != x.inputs[0] \
-            or g.node(x.inputs[1]).attrs["axis"] != 0:
+    if x.op != "sub" or not _over_keys(g, x, "max"):
         return None
     w = g.node(x.inputs[0])
     if w.op != "where":
