@@ -31,7 +31,7 @@ from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, pre
     H_UNREAD, K_BANK_ACCESSES, K_MACS, K_MXM_BUSY, K_SRAM_READ, K_SRAM_WRITTEN, K_SXM_BUSY, K_VXM_BUSY,
     NO_DIAG, N_COUNTERS, ORD_ACCUM_READ, ORD_ACC_EMPTY, ORD_NEVER_READ, ORD_NOT_INSTALLED, ORD_RELOAD,
     ORD_RESET_UNREAD, ORD_STALE, RO_CLOBBERED, RO_LOADED, TRANSPOSE_BUFFERS, UNIT_CODE, U_C2C, U_MEM,
-    U_MXM, U_SXM, U_VXM, copy_run, first_unread, operand_error, order_done, order_hazard, ref_ok,
+    U_MXM, U_SXM, U_VXM, copy_run, diagonal, first_unread, operand_error, order_done, order_hazard, ref_ok,
     stream_read, stream_write, zero_run,
 )
 from lpu.emulator.core_links import L_ON, c2c_exec
@@ -478,10 +478,10 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
                 prefetch_row(mem, row)
                 prefetch(valid, row, 1)
             ref = args[j, 2]
-            d, s = (ref >> 6) & 3, ref & 63
-            if ref >= 0 and d <= 1 and s < spd:
+            if ref_ok(ref, 1, spd):
                 c = cyc[j] + lat[j] if cop[j] == C_READ or cop[j] == C_READ_REF else cyc[j]
-                slot = (d * spd + s) * ring_k.shape[2] + ((c - upos[j] if d == 0 else c + upos[j]) & (ring_k.shape[2] - 1))
+                d, s, _, slot = diagonal(ref, upos[j], c, ring_k.shape[2])
+                slot += (d * spd + s) * ring_k.shape[2]
                 prefetch(ring[0], slot, 1)
                 prefetch(ring[1], slot, 1)
                 prefetch(ring[2], slot, 1)

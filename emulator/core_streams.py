@@ -59,13 +59,20 @@ def ref_ok(ref, w, spd):
 
 
 @njit(cache=True, inline="always")
+def diagonal(ref, q, c, size):
+    """(direction, first stream, diagonal, ring slot) of stream operand ref at position q in
+    cycle c, for rings of `size` slots (a power of two): a vector moves one position a cycle, so
+    its diagonal c -+ q is the same at every position it passes."""
+    d = (ref >> 6) & 3
+    k = c - q if d == 0 else c + q
+    return d, ref & 63, k, k & (size - 1)
+
+
+@njit(cache=True, inline="always")
 def stream_read(ref, w, q, c, ring, dst, hz):
     """Read w byte planes of ref at position q in cycle c into dst; False on a hazard."""
     ring_k, ring_pos, _, ring_pay, ring_rd, ring_row, mem = ring
-    d = (ref >> 6) & 3
-    s = ref & 63
-    k = c - q if d == 0 else c + q
-    slot = k & (ring_k.shape[2] - 1)
+    d, s, k, slot = diagonal(ref, q, c, ring_k.shape[2])
     for b in range(w):
         wpos = ring_pos[d, s + b, slot]
         if ring_k[d, s + b, slot] != k or (d == 0 and wpos > q) or (d == 1 and wpos < q):
@@ -88,10 +95,7 @@ def stream_write(ref, w, p, c, ex, ring, src, hz, row=-1):
     or (w = 1, row >= 0) a reference to SRAM row `row` of `mem`, which every reader copies
     (a READ whose row nothing can change while its value is on the stream: C_READ_REF)."""
     ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, _ = ring
-    d = (ref >> 6) & 3
-    s = ref & 63
-    k = c - p if d == 0 else c + p
-    slot = k & (ring_k.shape[2] - 1)
+    d, s, k, slot = diagonal(ref, p, c, ring_k.shape[2])
     for b in range(w):
         old = ring_k[d, s + b, slot]
         if old == k or (old != NO_DIAG and ring_rd[d, s + b, slot] == 0):   # written twice, or never read
