@@ -67,8 +67,10 @@ def fmt_value(it: dict) -> str:
         return "-"
     if isinstance(v, float):
         s = f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
-    else:
+    elif isinstance(v, int):
         s = f"{v:,}"
+    else:               # a figure already written out ("1,785,286 / True")
+        s = str(v)
     return f"{s} {it['unit']}".strip()
 
 

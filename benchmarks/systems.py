@@ -177,8 +177,11 @@ def speed(b, d) -> list:
     rate4 = sys1["instructions"] / (sys1["wall_s"] - sys1["inputs_s"])   # emulation alone (one process: after the inputs)
     out += [item(sec, "system emulation (4 chips, one process): instructions/s / one chip's", round(rate4 / rate1, 2),
                  "x", ">= 0.5", rate4 / rate1 >= 0.5, one_chip_instr_per_s=round(rate1), system_instr_per_s=round(rate4)),
+            # no target: a pipeline's chips compute one after another (each waits for the activations
+            # of the chip before), so there is no work for a second process to overlap; the target
+            # (<= 0.65) is the tensor-parallel system's, whose chips work at the same time (speed_tp)
             item(sec, "system emulation: --workers 2 wall / one process (a pipeline: chips one after another)",
-                 round(cold2["wall_s"] / cold1["wall_s"], 2), "x", "<= 0.65", cold2["wall_s"] / cold1["wall_s"] <= 0.65,
+                 round(cold2["wall_s"] / cold1["wall_s"], 2), "x",
                  one_process_s=round(cold1["wall_s"], 2), workers2_s=round(cold2["wall_s"], 2))]
     return out
 

@@ -215,3 +215,13 @@ def test_block_programs_do_not_beat_their_bounds_on_tsp_v1():
         prog, g = compile_file(os.path.join(PROGRAMS, name + ".lpu"), {}, m)
         lb = B.lower_bounds(g, m)
         assert all(prog.predicted_cycles >= lb[k] for k in BOUND_KEYS), (name, prog.predicted_cycles, lb)
+
+
+def test_table_prints_every_kind_of_value():
+    """Figures written out as text (the system section's "cycles / check") print as they are."""
+    from benchmarks.__main__ import table
+    items = [S.item("system", "emulated == predicted, check", "1,785,286 / True", "", "equal, ok", True),
+             S.item("system", "ratio", 0.64, "x", "<= 0.65", True),
+             S.item("system", "cycles", 235386, "cycles")]
+    out = table(items)
+    assert "1,785,286 / True" in out and "0.64 x" in out and "235,386 cycles" in out
