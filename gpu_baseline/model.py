@@ -152,6 +152,13 @@ def _matmul_dims(nodes, n):
     return batch, m, k, b.shape[-1], a.dtype, b.dtype
 
 
+def _stored_width(nodes, free, nid) -> float:
+    """Bytes an element of operand `nid` takes where the kernel reads it from: a free view or cast
+    of a stored tensor reads that tensor (an i8 weight dequantized in the GEMM: 1 byte, not the
+    cast's 2)."""
+    return sum(nb for _, nb in sources(nodes, free, nid)) / max(nodes[nid].size, 1)
+
+
 def _tensor_peak(gpu: GpuConfig, da: str, db: str):
     """Tensor-core peak (flop/s) for the operand dtypes, or None for CUDA-core matmuls."""
     if da == db == "i8":
@@ -177,8 +184,8 @@ class GemmPlan:
     time_us: float            # max(compute, memory) + the reduce kernel's fixed cost
 
 
-def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, in_bytes: int = 2,
-              out_bytes: int = 2) -> GemmPlan:
+def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, a_bytes: int = 2,
+              b_bytes: int = 2, out_bytes: int = 2) -> GemmPlan:
     """cuBLAS-like heuristic: of the config's tiles and split-K factors, the plan with the least
     time. Each thread block computes a padded tile_m x tile_n x (K / split) block at the SM's
     share of the tensor peak x tensor_efficiency; blocks run in waves of sm_count. Operands come
@@ -186,11 +193,13 @@ def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, i
     own), and L2 serves every block its (tile_m + tile_n) x K operands (small tiles on a fast GPU
     are L2-bound); split-K (up to gemm_split_k_max_rows rows) adds f32 partials and one reduce
     kernel. With gemm_narrow_tiles_own_rows a tile under 128 rows serves only M up to its rows.
-    The rule's fields are per GPU generation (gpus/*.toml)."""
+    The rule's fields are per GPU generation (gpus/*.toml). a_bytes, b_bytes: the width of an
+    element of A (m x k) and B (k x n) as they lie in HBM (i8 weights: 1, dequantized in the
+    kernel: a weight-only int8 GEMV streams half the bytes of an f16 one)."""
     rate_sm = peak * gpu.tensor_efficiency / gpu.sm_count
     bw = gpu.hbm_gbs * 1e9 * gpu.hbm_efficiency
     l2_bw = gpu.l2_gbs * 1e9 * gpu.hbm_efficiency
-    base = batch * (m * k + n * k) * in_bytes + batch * m * n * out_bytes
+    base = batch * (m * k * a_bytes + n * k * b_bytes) + batch * m * n * out_bytes
     best = None
     for tm, tn in gpu.gemm_tiles:
         if tm < 64 and m > 4 * tm:   # skinny tiles (8, 16 rows) serve only few rows (H200 kernel names)
@@ -208,7 +217,7 @@ def gemm_plan(gpu: GpuConfig, batch: int, m: int, k: int, n: int, peak: float, i
             memory = 1e6 * (base + (2 * s * batch * m * n * 4 if s > 1 else 0)) / bw / min(
                 1.0, gpu.gemm_hbm_share * ctas / gpu.sm_count)
             # every block streams its A rows and B columns through L2: small tiles re-read more
-            memory = max(memory, 1e6 * ctas * (tm + tn) * math.ceil(k / s) * in_bytes / l2_bw)
+            memory = max(memory, 1e6 * ctas * (tm * a_bytes + tn * b_bytes) * math.ceil(k / s) / l2_bw)
             t = max(compute, memory) + (gpu.kernel_fixed_us if s > 1 else 0.0)   # + the reduce kernel
             if best is None or t < best.time_us:
                 best = GemmPlan(tm, tn, s, ctas, waves, compute, memory, t)
@@ -305,7 +314,7 @@ def _cost_kernel(graph, nodes, free, k: Kernel, kernel_of, gpu: GpuConfig, launc
                 flash_flops += f
                 flash_dims = flash_dims or (batch, mm, nn)
             else:
-                plan = gemm_plan(gpu, batch, mm, kk, nn, peak)
+                plan = gemm_plan(gpu, batch, mm, kk, nn, peak, *(_stored_width(nodes, free, i) for i in n.inputs[:2]))
                 reduce_us = gpu.kernel_fixed_us if plan.split_k > 1 else 0.0
                 tc_us += plan.compute_us + reduce_us
                 if gpu.gemm_plan_bound:     # the plan's HBM share and L2 feed bound the kernel too

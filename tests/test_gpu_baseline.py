@@ -306,6 +306,20 @@ def test_weight_only_int8_is_read_as_int8_and_split():
     assert sum(o.hbm_bytes for o in two.ops if o.op == "matmul") < 0.6 * sum(o.hbm_bytes for o in one.ops if o.op == "matmul")
 
 
+@pytest.mark.parametrize("gpu", ["a100-80gb", "h100-sxm", "h200"])
+def test_weight_only_int8_gemv_takes_less_than_f16(gpu):
+    """A decode row times an i8 weight streams half the bytes of an f16 weight of the same shape:
+    on every GPU, and under every GEMM rule (the H100's plan-bound rule had costed the dequantized
+    operand at 2 bytes, so Llama-2-7B's i8 decode took as long as f16's)."""
+    from lpu.compiler.frontend import elaborate_source
+    g = load_gpu(gpu)
+    f16 = "input x : f16[1, 4096]\nweight w : f16[4096, 11008]\noutput y = f16(x @ w)\n"
+    i8 = ("input x : f16[1, 4096]\nweight w : i8[4096, 11008]\nweight s : f16[1, 11008]\n"
+          "output y = f16((x @ f16(w)) * s)\n")
+    t16, t8 = (cost_graph(elaborate_source(src, "g.lpu", {}), g, "none").total_us for src in (f16, i8))
+    assert t8 < 0.75 * t16
+
+
 def test_heads_written_as_a_loop_run_as_one_attention_kernel():
     """Per-head attention (a loop over heads joined by a concat) is one flash kernel over all the
     heads, as a framework runs it, not one kernel a head."""
