@@ -71,4 +71,10 @@ def connect(address: str) -> None:
         if address == "local":
             ray.init(include_dashboard=False, log_to_driver=False)
         else:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            except ConnectionError as e:
+                where = "no Ray cluster is running on this machine" if address == "auto" else \
+                    f"no Ray cluster answers at {address}"
+                raise LpuError(f"--ray {address}: {where} ({e}); start one with `ray start --head`, "
+                               f"or use --ray local to run the chips on a Ray instance started for this run") from None
