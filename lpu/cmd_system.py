@@ -319,6 +319,18 @@ def cmd_verify(a) -> int:
                   "every link matched")
 
 
+def _layout(sp, n: int) -> dict:
+    """How the chips share the program, in words, for compare's LPU line."""
+    if sp.parallel != "tp":
+        return {"bound": f"a pipeline of {n} chips", "bound_reason": "stages run one after the other, joined by links"}
+    node = min(n, sp.system.chips_per_node)
+    if n <= node:
+        return {"bound": f"{n} chips in tensor parallel", "bound_reason": "weights split by columns and rows, "
+                "all-reduces on the links"}
+    return {"bound": f"{n} chips: a pipeline of {n // node} nodes of {node} in tensor parallel",
+            "bound_reason": "each node's chips split their layers' weights; the nodes run one after the other"}
+
+
 def lpu_side(path: str, params: dict, machine, chips, emulate: bool, progress=None) -> tuple[dict, object]:
     """`lpu compare --chips`: the LPU side of a system (its total; per line is one chip's notion),
     and the graph."""
@@ -334,7 +346,7 @@ def lpu_side(path: str, params: dict, machine, chips, emulate: bool, progress=No
     n = len(sp.chips)
     out = {"machine": m.name, "clock_mhz": m.clock_mhz, "chips": n, "chips_needed": n,
            "cycles": int(sp.predicted_cycles), "time_us": sp.predicted_cycles / m.clock_mhz, "source": "schedule",
-           "bound": f"a pipeline of {n} chips", "bound_reason": "stages run one after the other, joined by links",
+           **_layout(sp, n),
            "per_chip_cycles": [int(p.predicted_cycles) for p in sp.chips]}
     if emulate:
         from lpu import api

@@ -210,3 +210,14 @@ def test_workers_draw_their_chips_parts(llama4, monkeypatch, rejected):
     assert [c.cycles for c in one.chips] == [c.cycles for c in two.chips] == [p.predicted_cycles for p in sp.chips]
     assert all(np.array_equal(one.outputs[k], two.outputs[k]) for k in one.outputs)
     assert all(np.array_equal(one.states[k], two.states[k]) for k in one.states)
+
+
+def test_compare_names_how_the_chips_share_the_program(llama4):
+    """`lpu compare --chips`: tensor parallel is not called a pipeline (it was, for every system)."""
+    from types import SimpleNamespace
+    from lpu.cmd_system import _layout
+    _, sp = llama4
+    assert _layout(sp, 4)["bound"] == "4 chips in tensor parallel"
+    nodes = SimpleNamespace(parallel="tp", system=SimpleNamespace(chips_per_node=8))
+    assert _layout(nodes, 40)["bound"] == "40 chips: a pipeline of 5 nodes of 8 in tensor parallel"
+    assert _layout(SimpleNamespace(parallel="pp"), 3)["bound"] == "a pipeline of 3 chips"
