@@ -28,7 +28,7 @@ from lpu.compiler import ops
 from lpu.compiler.rewrite import DROP, copied, rebuild, rebuilding, rebuilt
 
 CHAINS = 2           # accumulators split_joins sums the heads' products in (see there)
-ROUND_AFTER = "sum"  # the op of the softmax after which split_joins' f16(v_h @ W_h) is lowered (see there)
+ROUND_AFTER = "div"  # the op of the softmax after which split_joins' f16(v_h @ W_h) is lowered (see there)
 DECODE_ROWS = 16     # a product of at most this many rows is a decode step's (lower_mxm.FEW_ROWS)
 
 
@@ -352,12 +352,14 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
     is ready long before; lowered after the softmax's max, `_anchor`), and the path from p_h to the output has one product, not two (and
     no f16 pass between them). The rounding moves from the head's output to v_h @ W_h (both f16
     before an MXM product; the reference's tolerance). Its rounding f16(v_h @ W_h) is lowered
-    later, after the softmax's ROUND_AFTER (its sum): lowered with the product, its chains had
-    taken the VXM's ALUs and the near slices' banks first, and the exponentials' chains, which
-    wait for the max, came 3 to 5 cycles apart (measured on attention_prefill, tsp-v1: 793 ->
-    784; after the exponentials 784, the division 811; with the products themselves after the
-    sum, 816; with the weights on their product's side, placement.joined_region: after the max
-    788, the exponentials 764, the sum 763, the division 758).
+    later, after the softmax's ROUND_AFTER (its division): lowered with the product, its chains
+    had taken the VXM's ALUs and the near slices' banks first, and the exponentials' chains,
+    which wait for the max, came 3 to 5 cycles apart (measured on attention_prefill, tsp-v1:
+    793 -> 784 after the sum; after the exponentials 784, the division 811; with the products
+    themselves after the sum, 816; with the weights on their product's side,
+    placement.joined_region: after the max 788, the exponentials 764, the sum 763, the
+    division 758; with lower_reduce.FIRST_ROWS 4, FIRST_GROUPS 5, SUM_GROUPS 6: the sum 754,
+    the division 745).
 
     Past DECODE_ROWS rows the products are summed in CHAINS accumulators, not by VXM adds: a
     product after the first of its accumulator takes the one before as a third operand,

@@ -131,7 +131,9 @@ def test_a_max_takes_its_sources_last_blocks_raw_and_a_products_rows_lie_on_its_
     order is exact), and the rows a product takes from the VXM (the packed heads' keys) lie on
     its plane pair's hemisphere (placement.rows_of): gpt2_block_prefill is faster with each than
     without (attention_prefill, bound by its tail: 816 against 814 and 816), and they agree with the reference (tests/test_golden_cycles
-    runs them checked)."""
+    runs them checked). Since the where's chains make each four rows' max (lower_reduce.FIRST_ROWS
+    4: 16 partials, not 32) the raw blocks no longer pay, nor cost (gpt2_block_prefill 3,225 and
+    attention_prefill 745 either way); rows_of does (3,225 against 3,368; 745 against 754)."""
     from lpu.compiler import lower_reduce, placement
     m = MachineConfig.load("tsp-v1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,7 +146,7 @@ def test_a_max_takes_its_sources_last_blocks_raw_and_a_products_rows_lie_on_its_
     fast = [compile_source(s, "a.lpu", machine=m)[0].predicted_cycles for s in srcs]
     assert max(raws) > 0
     monkeypatch.setattr(lower_reduce, "_raw_last", lambda *a: 0)
-    assert fast[1] < compile_source(srcs[1], "a.lpu", machine=m)[0].predicted_cycles
+    assert fast[1] <= compile_source(srcs[1], "a.lpu", machine=m)[0].predicted_cycles
     monkeypatch.setattr(lower_reduce, "_raw_last", real)
     monkeypatch.setattr(placement, "rows_of", lambda *a: None)
     assert fast[1] < compile_source(srcs[1], "a.lpu", machine=m)[0].predicted_cycles
