@@ -342,7 +342,9 @@ class Lowerer:
         cid = self.plan.base[n.id]
         cat = self.g.node(cid)
         if cid not in self.grid:
-            self.grid[cid] = self.new_region(cat.shape, cat.dtype, f"'concat' at line {cat.line}", owner=cid)
+            grid = placement.joined_region(self, cat)
+            self.grid[cid] = grid if grid is not None else self.new_region(
+                cat.shape, cat.dtype, f"'concat' at line {cat.line}", owner=cid)
         ax = 0 if cat.attrs["axis"] in (0, -2) else 1
         off = 0
         for i in cat.inputs:

@@ -151,21 +151,29 @@ def _raw_last(vop, count, levels, leaves) -> int:
     return f
 
 
-FIRST_ROWS = 2      # rows of a where whose chain makes their max too (first_blocks; measured with
-#                     FIRST_GROUPS 6: 2 -> attention_prefill 956, gpt2_block_prefill 3,441; 4 -> 984, 3,482)
-FIRST_GROUPS = 6    # groups of 4 slices nearest the VXM those maxima lie in (measured with 2 rows: 3, 4,
+FIRST_ROWS = 4      # rows of a where whose chain makes their max too (first_blocks; measured with
+#                     FIRST_GROUPS 6: 2 -> attention_prefill 956, gpt2_block_prefill 3,441; 4 -> 984, 3,482;
+#                     with the roundings after the division (rewrite_pack.ROUND_AFTER) and SUM_GROUPS 6,
+#                     FIRST_GROUPS 4, 5, 6: 2 -> 758, 767, 753, gpt2_block_prefill 3,228 (6); 4 -> 746, 745, 754,
+#                     gpt2_block_prefill 3,245, 3,225, -: 16 partials, not 32, their max's last chain takes
+#                     the last blocks raw (_raw_last), one trip through SRAM less after the last row)
+FIRST_GROUPS = 5    # groups of 4 slices nearest the VXM those maxima lie in (measured with 2 rows: 3, 4,
 #                     5, 6, 8, 10 -> attention_prefill 996, 965, 984, 956, 958, 956; gpt2_block_prefill
-#                     3,484, 3,442, 3,440, 3,441, 3,458, 3,457; the reduction's own _partials: 992)
+#                     3,484, 3,442, 3,440, 3,441, 3,458, 3,457; the reduction's own _partials: 992; with 4 rows
+#                     see FIRST_ROWS)
 SUM_ROWS = 4        # the same for the rows of a fused elementwise tree and their sum (lower_fuse._block_chains;
 #                     with SUM_GROUPS 6: 2 -> attention_prefill 898, gpt2_block_prefill 3,431; 4 -> 880, 3,411)
-SUM_GROUPS = 5      # measured with 4 rows: 3, 4, 5, 6, 7, 8, 9, 10, 12 -> attention_prefill 979, 897, 896, 880,
+SUM_GROUPS = 6      # measured with 4 rows: 3, 4, 5, 6, 7, 8, 9, 10, 12 -> attention_prefill 979, 897, 896, 880,
 #                     890, 875, 886, 886, 887; gpt2_block_prefill 3,427, 3,421, 3,409, 3,411, 3,412, 3,417, 3,417, 3,412, 3,412;
 #                     with _top (and placement.rows_of): 4, 5, 6, 7, 8, 9 -> attention_prefill 815, 814, 811, 825,
 #                     833, 822; gpt2_block_prefill 3,256, 3,250, 3,253, 3,260, 3,254, 3,249 (6 had it 1 slower);
 #                     merged with attn13w's streamed folds: 2, 3, 4, 5, 6, 7 -> 847, 878, 817, 819, 820, 823;
 #                     gpt2_block_prefill 3,264, 3,264, 3,241, 3,246, 3,239, 3,253;
 #                     with attn13y's fed folds and the max anchor (rewrite_pack._anchor), NEAR_SLICES 30,
-#                     FOLDED_SLICES 8: 4, 5, 6 -> 790, 793, 799; gpt2_block_prefill 3,237, 3,229, 3,228 (FOLDED 10: 792, 795, 801)
+#                     FOLDED_SLICES 8: 4, 5, 6 -> 790, 793, 799; gpt2_block_prefill 3,237, 3,229, 3,228 (FOLDED 10: 792, 795, 801);
+#                     with the roundings after the division (rewrite_pack.ROUND_AFTER), FIRST_ROWS 4, FIRST_GROUPS 5:
+#                     5, 6, 7 -> 746, 745, 756; gpt2_block_prefill 3,226, 3,225, 3,233 (NEAR_SLICES 24, 36, 44 with 6:
+#                     785, 752, 747; FOLDED_SLICES 12: 749)
 
 
 def first_blocks(lw, src, op="max", row_ops=3, rows=FIRST_ROWS, groups=FIRST_GROUPS):

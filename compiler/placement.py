@@ -43,6 +43,23 @@ def temp_region(lw, n, aliased):
     return None
 
 
+def joined_region(lw, n):
+    """The grid of a joined concat n (its parts computed into their rows of its region) that a
+    product installs as its weights (weights_of: a folded softmax's p @ concat(f16(v_h @ W_h)),
+    rewrite_pack.split_joins and rewrite_pair) on that product's hemisphere (side_region), else
+    None (first fit). First fit had spread its rows over every slice, and an LW of a row on the
+    far side came up to 90 hops: the fold's products waited for their installs. Measured on
+    attention_prefill (tsp-v1): 793 -> 788; 784 -> 763 with the roundings lowered after the sum
+    (rewrite_pack.ROUND_AFTER); every other golden figure unchanged."""
+    if lw.near_vxm is not None or lw.in_loop(n):
+        return None
+    w = weights_of(lw, n)
+    side = output_side(lw, w) if w is not None else None
+    if side is None:
+        return None
+    return side_region(lw, n.shape, n.dtype, side, n.id, f"'{n.op}' at line {n.line}")
+
+
 def side_of(lw, n):
     """The hemisphere whose slices n's region lies on (`side_region`), else None (anywhere):
     the side of the unit that makes it (a product's plane pair: lower_mxm.output_side) or

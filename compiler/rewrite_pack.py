@@ -28,6 +28,7 @@ from lpu.compiler import ops
 from lpu.compiler.rewrite import DROP, copied, rebuild, rebuilding, rebuilt
 
 CHAINS = 2           # accumulators split_joins sums the heads' products in (see there)
+ROUND_AFTER = "div"  # the op of the softmax after which split_joins' f16(v_h @ W_h) is lowered (see there)
 DECODE_ROWS = 16     # a product of at most this many rows is a decode step's (lower_mxm.FEW_ROWS)
 
 
@@ -350,7 +351,15 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
     p_h @ f16(v_h @ W_h) instead (`_absorbed`): v_h @ W_h runs while the softmax makes p_h (v_h
     is ready long before; lowered after the softmax's max, `_anchor`), and the path from p_h to the output has one product, not two (and
     no f16 pass between them). The rounding moves from the head's output to v_h @ W_h (both f16
-    before an MXM product; the reference's tolerance).
+    before an MXM product; the reference's tolerance). Its rounding f16(v_h @ W_h) is lowered
+    later, after the softmax's ROUND_AFTER (its division): lowered with the product, its chains
+    had taken the VXM's ALUs and the near slices' banks first, and the exponentials' chains,
+    which wait for the max, came 3 to 5 cycles apart (measured on attention_prefill, tsp-v1:
+    793 -> 784 after the sum; after the exponentials 784, the division 811; with the products
+    themselves after the sum, 816; with the weights on their product's side,
+    placement.joined_region: after the max 788, the exponentials 764, the sum 763, the
+    division 758; with lower_reduce.FIRST_ROWS 4, FIRST_GROUPS 5, SUM_GROUPS 6: the sum 754,
+    the division 745).
 
     Past DECODE_ROWS rows the products are summed in CHAINS accumulators, not by VXM adds: a
     product after the first of its accumulator takes the one before as a third operand,
@@ -377,6 +386,7 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
         p, v = g.node(pv).inputs
         anchor = _anchor(g, p)
         after.setdefault(max(v, anchor), []).append((pv, anchor))
+    rounded: dict[int, list] = {}    # node -> (head's cast, v_h @ W_h, anchor) to round right after it
 
     def node(new, n, m):
         if n.id in absorb or n.id in casts:      # made after v_h; only its cast used it
@@ -390,7 +400,11 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
                              {"index": ((off, off + v.shape[1]), (0, w.shape[1]))}, n.line, n.col)
                 vw = new.add("matmul", (m[v.id], wr), (v.shape[0], w.shape[1]), "f32", {"after": m[anchor]},
                              n.line, n.col)
-                m[cast] = new.add("cast", (vw,), (v.shape[0], w.shape[1]), "f16", {"to": "f16"}, n.line, n.col)
+                late = max(anchor, _anchor(g, g.node(pv).inputs[0], ROUND_AFTER))
+                rounded.setdefault(max(n.id, late), []).append((cast, vw, late))
+            for cast, vw, late in rounded.pop(n.id, ()):
+                attrs = {"to": "f16", "after": m[late]} if late >= 0 else {"to": "f16"}
+                m[cast] = new.add("cast", (vw,), new.node(vw).shape, "f16", attrs, n.line, n.col)
             return m[n.id]
         c, w = (g.node(i) for i in n.inputs)
         parts, off = [], 0
@@ -416,10 +430,11 @@ def split_joins(g: IRGraph, lanes: int) -> IRGraph:
     return rebuild(g, node)
 
 
-def _anchor(g: IRGraph, nid) -> int:
+def _anchor(g: IRGraph, nid, op: str = "max") -> int:
     """The node after which v_h @ W_h is lowered, for a head whose probabilities are nid: the
-    softmax's max (the latest max that nid depends on without a matmul between), where the MXM
-    waits for the reduction, else the latest such matmul (its score; -1 if none). Measured on attention_prefill (tsp-v1) after: the score product
+    softmax's max (the latest max that nid depends on without a matmul between; `op`: the latest
+    such node of that op), where the MXM waits for the reduction, else the latest such matmul
+    (its score; -1 if none). Measured on attention_prefill (tsp-v1) after: the score product
     1,674 cycles, the mask 1,662, the max 1,626, the exp 1,637, the division 1,648, the f16
     rounding 1,642, the transpose 1,656; later, with the exps' first level of the sum in their
     chains (lower_fuse._block_chains): the max 880, the exp 831, the sum 823, the division 849,
@@ -428,7 +443,7 @@ def _anchor(g: IRGraph, nid) -> int:
     folds' columns fed straight to their products (movement.fold_feed) the max again: 813 -> 793
     (NEAR_SLICES 20, 30, 44 with the max: 807, 793, 784; gpt2_block_prefill 3,229 either way at
     30)."""
-    seen, todo, best = set(), [nid], {"max": -1, "matmul": -1}
+    seen, todo, best = set(), [nid], {op: -1, "matmul": -1}
     while todo:
         i = todo.pop()
         if i in seen:
@@ -440,7 +455,7 @@ def _anchor(g: IRGraph, nid) -> int:
             if n.op == "matmul":
                 continue
         todo.extend(n.inputs)
-    return best["max"] if best["max"] >= 0 else best["matmul"]
+    return best[op] if best[op] >= 0 else best["matmul"]
 
 
 def _absorbed(g: IRGraph, xid, w, lanes):

@@ -87,10 +87,10 @@ def test_a_causal_fold_reads_each_column_out_once_its_rows_are_in(monkeypatch):
     for s in ("sxm0", "sxm1"):
         tin = cyc[(prog.op == O.BY_NAME["TPIN"].code) & (sxm == s)]
         tout = cyc[(prog.op == O.BY_NAME["TPOUT"].code) & (sxm == s)]
-        assert tout.min() < tin.max() - 32
+        assert tout.min() < tin.max() - 16      # (32 cycles before it at 745 cycles)
     monkeypatch.setattr(movement, "_fold_need", lambda *a: None)
     whole, _ = compile_source(src, "a.lpu", {}, m)
-    assert prog.predicted_cycles < whole.predicted_cycles       # (793 against 843)
+    assert prog.predicted_cycles < whole.predicted_cycles       # (793 against 843; 745 against 792)
 
 
 def test_a_fold_whose_zeros_are_not_known_reads_its_columns_after_all_rows():
