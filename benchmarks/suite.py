@@ -298,15 +298,35 @@ def schedule_quality(b: Bench) -> list:
                 continue
             params = dict(cached[0][1])
         label = f"{prog_name}" + (f" ({pstr(params)})" if params else "") + ": cycles / lower bound"
+        limit = ISSUE13_RATIO.get(prog_name, 1.3) if not params else 1.3
         try:
             c = b.compile(prog_name, params)
             lb = B.lower_bounds(c.graph, m)
             r = c.prog.predicted_cycles / lb["bound"]
-            out.append(item(sec, label, round(r, 2), "x", "<= 1.3", r <= 1.3, program=prog_name, params=params,
-                            cycles=int(c.prog.predicted_cycles), **lb))
+            util = _mxm_utilization(c)
+            out.append(item(sec, label, round(r, 2), "x", f"<= {limit}", r <= limit, program=prog_name, params=params,
+                            cycles=int(c.prog.predicted_cycles), mxm_utilization=round(util, 3), **lb))
+            if prog_name == "bert_base" and not params:
+                out.append(item(sec, "bert_base: MXM utilization (plane-cycles held, emulated)", round(util, 3), "",
+                                ">= 0.75", util >= 0.75))
         except Exception as e:   # noqa: BLE001
-            out.append(failed(sec, label, e, "<= 1.3"))
+            out.append(failed(sec, label, e, f"<= {limit}"))
     return out
+
+
+# issue 13's targets for the whole programs it names (cycles / lower bound); every other program
+# keeps the benchmark runner's first target, 1.3 (issue 7)
+ISSUE13_RATIO = {"bert_base": 1.5, "gpt2_small_prefill": 1.6, "attention_prefill": 1.5,
+                 "gpt2_block_decode": 2.0, "llama_block_decode": 2.0, "gpt2_small_decode": 2.0}
+
+
+def _mxm_utilization(c) -> float:
+    """The MXM's share of plane-cycles held by ABCs, as `lpu run` reports it: from an emulation
+    with seed-0 inputs (which must take the predicted cycles)."""
+    r = run(c.prog, inputs_for(c.graph, c.prog, 0))
+    if r.cycles != c.prog.predicted_cycles:
+        raise LpuError(f"emulated {r.cycles:,} cycles, predicted {c.prog.predicted_cycles:,}")
+    return float(r.utilization["mxm"])
 
 
 def _axis_ratio(b: Bench) -> list:
