@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.compiler import lower_reduce, ops
+from lpu.compiler import lower_reduce, ops, placement
 from lpu.compiler.chains import ChainBuilder
 from lpu.compiler.lower_common import copy_outside, imm_bits, nv_chunks, sxm_chain, vxm_chain
 from lpu.isa import opcodes as O
@@ -34,6 +34,12 @@ MAX_FUSED_SMALL = 4    # the same for a consumer of at most DUP_MAX_VECTORS vect
 #                        (measured: gpt2_small_decode 29,256 -> 28,784; 5, 6 and 8 the same); 4 for
 #                        every consumer made bert_base faster (166,659 -> 165,765) but the wide rows of
 #                        tests/test_schedule_quality.py's FUSE on tiny slower (556 -> 680: clashes)
+FOLDED_GROUP = 7       # the same for a tensor folded through both SXMs (placement.folded: a packed
+#                        softmax's p.T = f16(e / sum)): each chain of 8 rows took a diagonal's 32 streams
+#                        each way (their e rows, 4 planes each, from both sides), and the folds' reads
+#                        of p.T's first rows, on the same diagonals, waited. Measured (attention_prefill,
+#                        with placement.FOLDED_DEPTH 2): 2, 3, 4, 5, 6, 7, 8 -> 796, 793, 791, 791, 789,
+#                        787, 790 (more in placement.folded's note)
 GROUP = 8              # output vectors per chain at most when they share a broadcast operand
 STAGE_RATE = 16        # a vector whose operands clash on a bank is computed in one chain after a
 #                        copy of one operand (`_staged_chain`) while at most one vector in this many
@@ -110,6 +116,8 @@ def lower_fused(lw, n, operand):
     nvs = nv_chunks(n.shape, lw.lanes, out.shape[-1])
     nvs = [int(x) for x in np.broadcast_to(nvs, out.shape).reshape(-1)]
     group = _group_size(lw, tree, len(flat_out)) if _row_of_reduction(lw, n) else 1
+    if placement.folded(lw, n):
+        group = min(group, FOLDED_GROUP)
     done = _block_chains(lw, n, tree, out, nvs, group)
     _rows(lw, n, tree, [j for j in range(len(flat_out)) if j not in done], flat_out, nvs, group)
     for r in lw.pending_free:
