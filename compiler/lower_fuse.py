@@ -34,7 +34,9 @@ MAX_FUSED_SMALL = 4    # the same for a consumer of at most DUP_MAX_VECTORS vect
 #                        (measured: gpt2_small_decode 29,256 -> 28,784; 5, 6 and 8 the same); 4 for
 #                        every consumer made bert_base faster (166,659 -> 165,765) but the wide rows of
 #                        tests/test_schedule_quality.py's FUSE on tiny slower (556 -> 680: clashes)
-GROUP = 8              # output vectors per chain at most when they share a broadcast operand
+GROUP = 8              # output vectors per chain at most when they share a broadcast operand (a folded
+#                        p.T's division in chains of 7 rows, branch attn13za: 790 -> 787 before attn13zb's
+#                        roundings after the division, 740 -> 745 with them; dropped)
 STAGE_RATE = 16        # a vector whose operands clash on a bank is computed in one chain after a
 #                        copy of one operand (`_staged_chain`) while at most one vector in this many
 #                        of the node has clashed, else op by op. Measured (cycles, op by op -> staged):

@@ -176,7 +176,7 @@ SUM_GROUPS = 6      # measured with 4 rows: 3, 4, 5, 6, 7, 8, 9, 10, 12 -> atten
 #                     785, 752, 747; FOLDED_SLICES 12: 749)
 
 
-def first_blocks(lw, src, op="max", row_ops=3, rows=FIRST_ROWS, groups=FIRST_GROUPS):
+def first_blocks(lw, src, op="max", row_ops=3, rows=None, groups=None):
     """(reduction id, rows per block, {(block, chunk): slot}) when `src`, f32 rows of `row_ops`
     VXM ops each (a where: a packed softmax's masked scores; a fused elementwise tree: its
     exponentials), is read by a lone reduction `op` across its vectors (alone at its depth, 2-D,
@@ -188,6 +188,7 @@ def first_blocks(lw, src, op="max", row_ops=3, rows=FIRST_ROWS, groups=FIRST_GRO
     pairwise order (semantics.pairwise): the result is bit for bit the same. The rows' trip through SRAM and
     back is no longer ahead of the reduction: the where's max: attention_prefill 971 -> 956,
     gpt2_block_prefill 3,475 -> 3,441."""
+    rows, groups = rows or FIRST_ROWS, groups or FIRST_GROUPS      # read when called (sweeps set them)
     us = [lw.g.node(u) for u in lw.g.users(src.id)]
     red = [u for u in us if u.op == op and len(u.shape) == 2 and u.attrs["axis"] == 0]
     if src.dtype != "f32" or len(src.shape) != 2 or len(red) != 1 \

@@ -19,6 +19,7 @@ FOLDED_SLICES = 8    # the same for a tensor folded through both SXMs (folded)
 OUTPUT_SLICES = 2    # the same for an output made on the VXM (vxm_output)
 EDGE_SLICES = 16     # slices at an edge that a weight installed whole lies in (edge_weights)
 EDGE_SHARE = 0.125   # of the SRAM those weights may take so laid
+FOLDED_DEPTH = 2     # rows of slots a folded tensor's near_region fills at one distance (folded)
 FOLD_SLICES = 8      # slices at an edge that a tfold's rows lie in (between its SXM and its plane pair)
 
 
@@ -39,7 +40,8 @@ def temp_region(lw, n, aliased):
         return side_region(lw, n.shape, n.dtype, side, n.id, what)
     if vxm_output(lw, n) if aliased else vxm_to_vxm(lw, n):
         k = OUTPUT_SLICES if aliased else FOLDED_SLICES if folded(lw, n) else NEAR_SLICES
-        return near_region(lw, n.shape, n.dtype, None if aliased else n.id, what, k)
+        return near_region(lw, n.shape, n.dtype, None if aliased else n.id, what, k,
+                           FOLDED_DEPTH if not aliased and folded(lw, n) else 1)
     return None
 
 
@@ -191,7 +193,22 @@ def folded(lw, n) -> bool:
     streamed folds, movement._fold_streamed; 4, 6, 8, 12, 16, 20): attention_prefill 848, 845,
     849, 851, 856, 864 (2: 899, their banks crowd); with near_region's sides from the VXM out
     (4, 6, 8, 10): 822, 819, 816, 817; with the fed folds (movement.fed; 6, 8, 9, 10, 12): 808,
-    806, 806, 805, 809."""
+    806, 806, 805, 809.
+    Its rows lie FOLDED_DEPTH rows of slots deep at each distance from the VXM (near_region's
+    depth: rows 0-3 one slice pair from it, west, east, west, east, rows 4-7 the next pair...):
+    each fold reads the rows in order, and a row on the far side of the VXM from its SXM comes
+    twice its distance later (one row of slots: rows 2k and 2k + 1 at distance 2k + 1, row 6
+    14 hops late where it was needed 6 cycles after row 0; the second fold's columns 2-6
+    waited on them). Measured with the paired TPINs (movement._fold_tpins), FOLDED_DEPTH 1, 2,
+    3, 4: attention_prefill 792, 790, 793, 793; with the division's chains of 6-8 rows (branch
+    attn13za), rows a chain, FOLDED_DEPTH, FOLDED_SLICES (group, depth: slices 6, 8, 10):
+    6, 1: 789, 793, 794; 6, 2: 790, 789, 790; 6, 3: 792, 788, 788; 7, 1: 790, 792, 794;
+    7, 2: 794, 787, 790; 7, 3: 791, 792, 794; 8, 1: 789, 792, 794; 8, 2: 792, 790, 792;
+    8, 3: 795, 793, 792 (the folds' last columns read out at 703/700 -> 700/699). Merged with
+    attn13zb (the roundings after the division, 4-row max blocks), chains of 8 rows (the 7-row
+    chains were dropped): FOLDED_DEPTH 1, 2 x SUM_GROUPS 5, 6, 7 x FOLDED_SLICES 8, 10 ->
+    1: 744, 746 / 740, 744 / 750, 753; 2: 741, 740 / 740, 740 / 747, 746 (gpt2_block_prefill
+    3,226, 3,225, 3,233 by SUM_GROUPS)."""
     us = [lw.g.node(u) for u in lw.g.users(n.id)]
     return len(us) > 1 and all(u.op == "tfold" for u in us)
 
@@ -208,17 +225,17 @@ def vxm_output(lw, n) -> bool:
         not any(o.startswith(LINK_PREFIX) for o in outs)
 
 
-def near_region(lw, shape, dtype, owner, what, k):
+def near_region(lw, shape, dtype, owner, what, k, depth=1):
     """A region whose vectors lie in the k slices (at least a vector's planes) nearest the VXM
     on each side, alternating west and east, each side's from the VXM out (`window_region`; the
     west side's had gone from its far end in: attention_prefill 830 -> 819, gpt2_block_prefill
     3,405 -> 3,399)."""
     half = lw.m.mem_slices_per_hemisphere
     k = min(max(k, dtype_width(dtype)), half)
-    return window_region(lw, shape, dtype, ((half - k, k, -1), (half, k)), owner, what)
+    return window_region(lw, shape, dtype, ((half - k, k, -1), (half, k)), owner, what, depth)
 
 
-def window_region(lw, shape, dtype, windows, owner, what):
+def window_region(lw, shape, dtype, windows, owner, what, depth=1):
     """A region whose vectors lie in the given windows of slices ((first slice, count) each,
     none across the hemispheres' boundary; (first, count, -1): filled from its last slice
     down), vector j in window j % len(windows): whole rows of slots taken, the slots outside
@@ -230,17 +247,20 @@ def window_region(lw, shape, dtype, windows, owner, what):
     per_win = [cnt // w for _, cnt, *_ in windows]
     nw = len(windows)
     per_row = min(per_win) * nw
-    size = (-(-nvec // per_row) + 1) * ns
+    block = per_row * depth
+    size = (-(-nvec // block) * depth + 1) * ns
     start = lw.alloc.alloc(size, what)
     base = -(-start // ns) * ns
     j = np.arange(nvec, dtype=np.int64)
     first = np.asarray([f for f, *_ in windows], np.int64)
     down = np.asarray([len(x) > 2 and x[2] < 0 for x in windows])[j % nw]
-    k = (j % per_row) // nw * w
+    i = j % block
+    k = i // nw // depth * w
+    arow = (j // block) * depth + (i // nw) % depth
     off = np.where(down, first[j % nw] + np.asarray([c for _, c, *_ in windows])[j % nw] - w - k, first[j % nw] + k)
     if owner is not None:         # (an output's region is never freed)
         lw.regions[owner] = lw.placed[owner] = (start, size)
-    return (base + (j // per_row) * ns + off).reshape(g)
+    return (base + arow * ns + off).reshape(g)
 
 
 def edge_weights(lw, persistent) -> dict:
