@@ -1,7 +1,8 @@
 """Jitted fast path of the commonest VXM instructions (used by emulator/core.py before
-emulator/arith.py's general `vxm_compute`): ADD, SUB, MUL, DIV, MAX, MIN and CONV with f16 or
-f32 operands and result. The same arithmetic as arith (float32 operations, NaN rules of
-f32_binary, f32 -> f16 by f32_bits_to_f16, lanes >= nv zero), with the dtype and operation
+emulator/arith.py's general `vxm_compute`): ADD, SUB, MUL, DIV, MAX, MIN, CONV and the float
+unary operations (NEG .. GELU: arith.f32_unary itself) with f16 or f32 operands and result. The
+same arithmetic as arith (float32 operations, NaN rules of f32_binary, f32 -> f16 by
+f32_bits_to_f16, lanes >= nv zero), with the dtype and operation
 branches taken once per vector instead of once per lane; anything else goes to arith.
 tests/test_emulator_checks.py compares the two on random operands."""
 import numpy as np
@@ -9,14 +10,16 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from lpu.emulator.arith import C_ADD, C_CONV, C_DIV, C_MAX, C_MIN, C_MUL, C_SUB, D_F16, D_F32, f16_value, f32_bits_to_f16
+from lpu.emulator.arith import (C_ADD, C_CONV, C_DIV, C_GELU, C_MAX, C_MIN, C_MUL, C_NEG, C_SUB, D_F16, D_F32, f16_value,
+                                f32_bits_to_f16, f32_unary)
 
 
 @intrinsic
 def f16_bits(typingctx, x):
     """The f16 bit pattern (int64) nearest a float32 (ties to even), by the CPU's conversion
     (x86 F16C: eight at a time in a loop). IEEE rounding, so the same as arith.f32_bits_to_f16
-    for every number and infinity (tests/test_emulator_checks.py compares all 2^32 patterns);
+    for every number and infinity (all 2^32 patterns compared once; tests/test_emulator_checks.py
+    compares every sign, exponent and upper mantissa with the low bits that decide rounding);
     a NaN's payload is the hardware's, which is why `compute` takes NaNs from f32_bits_to_f16."""
     if not isinstance(x, types.Float) or x.bitwidth != 32:
         return None
@@ -37,7 +40,7 @@ def handles(op, adt, bdt, bimm, odt):
     """Whether `compute` takes this instruction (operand dtypes as read, bimm as in the table)."""
     if not _fdt(odt):
         return False
-    if op == C_CONV:
+    if op >= C_NEG and op <= C_GELU:       # CONV and the float unary ops (arith.f32_unary)
         return _fdt(adt)
     binary = op == C_ADD or op == C_SUB or op == C_MUL or op == C_DIV or op == C_MAX or op == C_MIN
     if not binary or bimm < 0 or bimm > 2:
@@ -89,12 +92,16 @@ def compute(op, a, adt, b, bdt, bimm, imm, odt, nv, lanes, fa, fb, u32, f32v, ds
     """One VXM instruction that `handles` accepted, into the byte planes dst."""
     u32[0] = imm & 0xFFFFFFFF
     fimm = f32v[0]
-    if op == C_CONV or bimm != 2:
+    if op >= C_NEG or bimm != 2:
         _decode(a, adt, lanes, fa)
     else:
         for l in range(lanes):
             fa[l] = fimm
-    if op != C_CONV:
+    if op >= C_NEG and op <= C_GELU:
+        if op != C_CONV:
+            for l in range(lanes):          # (the op's branch is taken out of the loop by the compiler)
+                fa[l] = f32_unary(op, fa[l])
+    else:
         if bimm == 1:
             for l in range(lanes):
                 fb[l] = fimm

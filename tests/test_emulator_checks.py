@@ -105,7 +105,8 @@ def test_wrong_cycle_count():
 
 
 # ---- VXM fast path = arith's general path ---------------------------------------------------------
-@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV", "MAX", "MIN", "CONV"])
+@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV", "MAX", "MIN", "CONV", "NEG", "ABS", "RELU", "EXP", "LOG",
+                                "SQRT", "RSQRT", "TANH", "SIGMOID", "SILU", "GELU"])
 def test_vxm_fast_path_equals_general_path(op):
     c = A.CORE_OPS.index(op)
     raw = RNG.integers(0, 256, (4, L)).astype(np.uint8)
@@ -120,7 +121,7 @@ def test_vxm_fast_path_equals_general_path(op):
     for adt in (A.D_F16, A.D_F32):
         for bdt in (A.D_F16, A.D_F32):
             for odt in (A.D_F16, A.D_F32):
-                for bimm in ((0,) if op == "CONV" else (0, 1, 2)):
+                for bimm in ((0,) if c >= A.C_NEG else (0, 1, 2)):
                     a, b = planes[adt], np.roll(planes[bdt], 3, axis=1)
                     assert vxm_fast.handles(c, adt, bdt, bimm, odt)
                     outs = []
@@ -138,7 +139,8 @@ def test_vxm_fast_path_equals_general_path(op):
                         outs.append(dst[:A.WIDTH[odt]].copy())
                     assert np.array_equal(outs[0], outs[1]), (op, adt, bdt, odt, bimm)
     assert not vxm_fast.handles(A.C_ADD, A.D_I8, A.D_I8, 0, A.D_I8)
-    assert not vxm_fast.handles(A.C_EXP, A.D_F32, 0, 0, A.D_F32)
+    assert not vxm_fast.handles(A.C_EXP, A.D_I8, 0, 0, A.D_F32)
+    assert not vxm_fast.handles(A.C_MASK, A.D_F32, 0, 0, A.D_F32)
 
 
 def test_f16_values_by_the_cpu_equal_the_table():
