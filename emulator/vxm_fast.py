@@ -1,13 +1,33 @@
 """Jitted fast path of the commonest VXM instructions (used by emulator/core.py before
-emulator/arith.py's general `vxm_compute`): ADD, SUB, MUL, DIV, MAX, MIN and CONV with f16 or
-f32 operands and result. The same arithmetic as arith (float32 operations, NaN rules of
-f32_binary, f32 -> f16 by f32_bits_to_f16, lanes >= nv zero), with the dtype and operation
+emulator/arith.py's general `vxm_compute`): ADD, SUB, MUL, DIV, MAX, MIN, CONV and the float
+unary operations (NEG .. GELU: arith.f32_unary itself) with f16 or f32 operands and result. The
+same arithmetic as arith (float32 operations, NaN rules of f32_binary, f32 -> f16 by
+f32_bits_to_f16, lanes >= nv zero), with the dtype and operation
 branches taken once per vector instead of once per lane; anything else goes to arith.
 tests/test_emulator_checks.py compares the two on random operands."""
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
-from lpu.emulator.arith import C_ADD, C_CONV, C_DIV, C_MAX, C_MIN, C_MUL, C_SUB, D_F16, D_F32, f16_value, f32_bits_to_f16
+from lpu.emulator.arith import (C_ADD, C_CONV, C_DIV, C_GELU, C_MAX, C_MIN, C_MUL, C_NEG, C_SUB, D_F16, D_F32, f16_value,
+                                f32_bits_to_f16, f32_unary)
+
+
+@intrinsic
+def f16_bits(typingctx, x):
+    """The f16 bit pattern (int64) nearest a float32 (ties to even), by the CPU's conversion
+    (x86 F16C: eight at a time in a loop). IEEE rounding, so the same as arith.f32_bits_to_f16
+    for every number and infinity (all 2^32 patterns compared once; tests/test_emulator_checks.py
+    compares every sign, exponent and upper mantissa with the low bits that decide rounding);
+    a NaN's payload is the hardware's, which is why `compute` takes NaNs from f32_bits_to_f16."""
+    if not isinstance(x, types.Float) or x.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        h = builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return builder.zext(h, ir.IntType(64))
+    return types.int64(x), codegen
 
 
 @njit(cache=True, inline="always")
@@ -20,7 +40,7 @@ def handles(op, adt, bdt, bimm, odt):
     """Whether `compute` takes this instruction (operand dtypes as read, bimm as in the table)."""
     if not _fdt(odt):
         return False
-    if op == C_CONV:
+    if op >= C_NEG and op <= C_GELU:       # CONV and the float unary ops (arith.f32_unary)
         return _fdt(adt)
     binary = op == C_ADD or op == C_SUB or op == C_MUL or op == C_DIV or op == C_MAX or op == C_MIN
     if not binary or bimm < 0 or bimm > 2:
@@ -29,16 +49,18 @@ def handles(op, adt, bdt, bimm, odt):
 
 
 @njit(cache=True)
-def _decode(src, dt, lanes, u32, f32v, out):
+def _decode(src, dt, lanes, out):
+    """Byte planes of dtype dt -> float32 `out` (f32: the bits put together in out's own memory;
+    each plane a row of its own, so that the loops vectorize)."""
     if dt == D_F16:
+        lo, hi = src[0], src[1]
         for l in range(lanes):
-            out[l] = f16_value(src[0, l], src[1, l])
+            out[l] = f16_value(lo[l], hi[l])
     else:
+        bits = out.view(np.uint32)
+        b0, b1, b2, b3 = src[0], src[1], src[2], src[3]
         for l in range(lanes):
-            u32[l] = (np.uint32(src[0, l]) | (np.uint32(src[1, l]) << 8) | (np.uint32(src[2, l]) << 16)
-                      | (np.uint32(src[3, l]) << 24))
-        for l in range(lanes):
-            out[l] = f32v[l]
+            bits[l] = np.uint32(b0[l]) | (np.uint32(b1[l]) << 8) | (np.uint32(b2[l]) << 16) | (np.uint32(b3[l]) << 24)
 
 
 @njit(cache=True, error_model="numpy")
@@ -70,37 +92,45 @@ def compute(op, a, adt, b, bdt, bimm, imm, odt, nv, lanes, fa, fb, u32, f32v, ds
     """One VXM instruction that `handles` accepted, into the byte planes dst."""
     u32[0] = imm & 0xFFFFFFFF
     fimm = f32v[0]
-    if op == C_CONV or bimm != 2:
-        _decode(a, adt, lanes, u32, f32v, fa)
+    if op >= C_NEG or bimm != 2:
+        _decode(a, adt, lanes, fa)
     else:
         for l in range(lanes):
             fa[l] = fimm
-    if op != C_CONV:
+    if op >= C_NEG and op <= C_GELU:
+        if op != C_CONV:
+            for l in range(lanes):          # (the op's branch is taken out of the loop by the compiler)
+                fa[l] = f32_unary(op, fa[l])
+    else:
         if bimm == 1:
             for l in range(lanes):
                 fb[l] = fimm
         else:
-            _decode(b, bdt, lanes, u32, f32v, fb)
+            _decode(b, bdt, lanes, fb)
         _binary(op, fa, fb, lanes)
-    for l in range(lanes):
-        f32v[l] = fa[l] if l < nv else np.float32(0.0)
+    for l in range(nv, lanes):
+        fa[l] = 0.0
     if odt == D_F16:
-        for l in range(lanes):              # f16-normal and too big: round the bits (ties to even)
-            u = np.int64(u32[l])
-            a = u & 0x7FFFFFFF
-            h = ((u >> 16) & 0x8000) | min(((a + 0xFFF + ((a >> 13) & 1)) >> 13) - (112 << 10), 0x7C00)
-            dst[0, l] = h & 0xFF
-            dst[1, l] = (h >> 8) & 0xFF
-        for l in range(lanes):              # zero, f16-subnormal, inf, NaN (and lanes >= nv: zero)
-            a = np.int64(u32[l]) & 0x7FFFFFFF
-            if a < 0x38800000 or a >= 0x7F800000:
-                h = f32_bits_to_f16(np.int64(u32[l]))
-                dst[0, l] = h & 0xFF
-                dst[1, l] = (h >> 8) & 0xFF
-    else:
+        d0, d1 = dst[0], dst[1]
+        nan = False
         for l in range(lanes):
-            u = u32[l]
-            dst[0, l] = u & 0xFF
-            dst[1, l] = (u >> 8) & 0xFF
-            dst[2, l] = (u >> 16) & 0xFF
-            dst[3, l] = (u >> 24) & 0xFF
+            h = f16_bits(fa[l])
+            d0[l] = h & 0xFF
+            d1[l] = (h >> 8) & 0xFF
+            nan |= fa[l] != fa[l]
+        if nan:
+            bits = fa.view(np.uint32)
+            for l in range(lanes):          # a NaN's payload as f32_bits_to_f16 keeps it
+                if fa[l] != fa[l]:
+                    h = f32_bits_to_f16(np.int64(bits[l]))
+                    d0[l] = h & 0xFF
+                    d1[l] = (h >> 8) & 0xFF
+    else:
+        bits = fa.view(np.uint32)
+        d0, d1, d2, d3 = dst[0], dst[1], dst[2], dst[3]
+        for l in range(lanes):
+            u = bits[l]
+            d0[l] = u & 0xFF
+            d1[l] = (u >> 8) & 0xFF
+            d2[l] = (u >> 16) & 0xFF
+            d3[l] = (u >> 24) & 0xFF

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from numba import njit
 
 from lpu.emulator import arith as A
 from lpu.emulator import core, vxm_fast
@@ -104,7 +105,8 @@ def test_wrong_cycle_count():
 
 
 # ---- VXM fast path = arith's general path ---------------------------------------------------------
-@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV", "MAX", "MIN", "CONV"])
+@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV", "MAX", "MIN", "CONV", "NEG", "ABS", "RELU", "EXP", "LOG",
+                                "SQRT", "RSQRT", "TANH", "SIGMOID", "SILU", "GELU"])
 def test_vxm_fast_path_equals_general_path(op):
     c = A.CORE_OPS.index(op)
     raw = RNG.integers(0, 256, (4, L)).astype(np.uint8)
@@ -119,7 +121,7 @@ def test_vxm_fast_path_equals_general_path(op):
     for adt in (A.D_F16, A.D_F32):
         for bdt in (A.D_F16, A.D_F32):
             for odt in (A.D_F16, A.D_F32):
-                for bimm in ((0,) if op == "CONV" else (0, 1, 2)):
+                for bimm in ((0,) if c >= A.C_NEG else (0, 1, 2)):
                     a, b = planes[adt], np.roll(planes[bdt], 3, axis=1)
                     assert vxm_fast.handles(c, adt, bdt, bimm, odt)
                     outs = []
@@ -137,7 +139,8 @@ def test_vxm_fast_path_equals_general_path(op):
                         outs.append(dst[:A.WIDTH[odt]].copy())
                     assert np.array_equal(outs[0], outs[1]), (op, adt, bdt, odt, bimm)
     assert not vxm_fast.handles(A.C_ADD, A.D_I8, A.D_I8, 0, A.D_I8)
-    assert not vxm_fast.handles(A.C_EXP, A.D_F32, 0, 0, A.D_F32)
+    assert not vxm_fast.handles(A.C_EXP, A.D_I8, 0, 0, A.D_F32)
+    assert not vxm_fast.handles(A.C_MASK, A.D_F32, 0, 0, A.D_F32)
 
 
 def test_f16_values_by_the_cpu_equal_the_table():
@@ -183,3 +186,41 @@ def test_huge_page_arrays_are_zeroed_aligned_and_independent():
     b[3, 2047, 319] = 7
     b[0, 0, 0] = 1
     assert c.sum() == 0 and b.sum() == 8
+
+
+@njit(cache=True)
+def _f16_mismatches(low_bits):
+    """f32 patterns (every sign, exponent and top 11 mantissa bits, with each of `low_bits`
+    below: the round bit of an f16 normal is bit 12, a subnormal's higher, the rest only sticky)
+    where the CPU's conversion and arith.f32_bits_to_f16 differ; NaNs left out."""
+    bad = 0
+    for hi in range(1 << 20):
+        for lo in low_bits:
+            u = np.int64((hi << 12) | lo)
+            if (u & 0x7FFFFFFF) <= 0x7F800000:
+                x = np.array([u], np.int64).astype(np.uint32).view(np.float32)[0]
+                bad += vxm_fast.f16_bits(x) != A.f32_bits_to_f16(u)
+    return bad
+
+
+def test_f16_bits_rounds_as_f32_bits_to_f16():
+    assert _f16_mismatches(np.array([0, 1, 0x7FF, 0x800, 0xFFF], np.int64)) == 0
+
+
+def test_vxm_fast_f16_result_keeps_nan_payloads():
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FBFFFFF, 0x7FC02000, 0xFFFFFFFF, 0x7FA00000],
+                    np.uint32)
+    b32 = np.concatenate([nans, RNG.standard_normal(L - len(nans)).astype(np.float32).view(np.uint32)])
+    a = np.stack([(b32 >> (8 * i)) & 0xFF for i in range(4)]).astype(np.uint8)
+    outs = []
+    for fast in (True, False):
+        fa, fb, ia, u32 = np.zeros(L, np.float32), np.zeros(L, np.float32), np.zeros(L, np.int64), np.zeros(L, np.uint32)
+        dst = np.zeros((4, L), np.uint8)
+        if fast:
+            vxm_fast.compute(A.C_CONV, a, A.D_F32, a, A.D_F32, 0, 0, A.D_F16, L, L, fa, fb, u32, u32.view(np.float32), dst)
+        else:
+            A.vxm_compute(A.C_CONV, a, A.D_F32, a, A.D_F32, 0, 0, A.D_F16, L, 0, L, F16_TO_F32, fa, fb, ia, u32,
+                          u32.view(np.float32), dst)
+        outs.append(dst[:2].copy())
+    assert np.array_equal(outs[0], outs[1])
+    assert len(set((outs[0][0, :len(nans)] | (outs[0][1, :len(nans)].astype(np.int64) << 8)).tolist())) > 4
