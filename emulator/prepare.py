@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpu.emulator import core
+from lpu.emulator import core, prepare_core
 from lpu.isa import opcodes as O
 from lpu.isa.errors import LpuError
 from lpu.isa.machine import UNIT_ICU, UNIT_MEM, UNIT_NAMES
@@ -118,31 +118,16 @@ def _layout(program: Program, s, uidx):
 O_UNIT = np.array([s.unit for s in O.OPS], np.int64)
 
 
-def by_reference(s, uidx, base, lo, m, ring_size) -> np.ndarray:
+def by_reference(s, uidx, base, lo, m, ring_size, nrows) -> np.ndarray:
     """The READs whose value the core may put on its stream as a reference to the SRAM row
     (core.C_READ_REF) instead of a copy: those whose row no WRITE (same row) or SCATTER (same
     slice and bank, an address it can reach) can change from the READ's cycle until its value
     has left the stream (the READ's cycle + latency + ring size, more than any diagonal stays
     readable). Every reader then copies the bytes the READ would have copied."""
-    nb, na = m.banks_per_slice, m.addresses_per_bank
-    mem_ops = O_UNIT[s.op] == UNIT_MEM
-    bank, addr = s.args[:, 0], s.args[:, 1]
-    ok = mem_ops & (bank >= 0) & (bank < nb) & (addr >= 0) & (addr < na)
-    pair = np.where(ok, uidx * nb + np.where(ok, bank, 0), 0)
-    row = np.where(ok, base.ravel()[pair] + addr - lo.ravel()[pair], -1)
-    reads = np.flatnonzero(ok & (s.op == O.READ))
-    end = s.cycle[reads] + s.latency[reads] + ring_size
-    span = int(s.cycle.max()) + int(s.latency.max()) + ring_size + 1 if len(s.cycle) else 1
-    writes = np.flatnonzero(ok & (s.op == O.WRITE))
-    key = np.sort(row[writes] * span + s.cycle[writes])
-    first = np.searchsorted(key, row[reads] * span + s.cycle[reads], "left")
-    last = np.searchsorted(key, row[reads] * span + end, "right")
-    safe = first == last
-    for j in np.flatnonzero(ok & (s.op == O.SCATTER)):
-        hit = ((pair[reads] == pair[j]) & (addr[reads] >= addr[j]) & (addr[reads] < addr[j] + INDEX_REACH)
-               & (s.cycle[j] >= s.cycle[reads]) & (s.cycle[j] <= end))
-        safe &= ~hit
-    return reads[safe]
+    safe = prepare_core.safe_reads(s.cycle, s.op, s.args, s.latency, uidx, O_UNIT == UNIT_MEM, O.READ, O.WRITE,
+                                   O.SCATTER, base.ravel(), lo.ravel(), m.banks_per_slice, m.addresses_per_bank,
+                                   INDEX_REACH, ring_size, nrows)
+    return np.flatnonzero(safe)
 
 
 def indexed_reach(s, uidx, base, lo, m, nrows) -> np.ndarray:
@@ -194,7 +179,7 @@ def prepare(program: Program, schedule) -> Prepared:
     free[loaded] = False                                        # large chip)
     unloaded = np.flatnonzero(free).astype(np.int64)
     cop_i = cop[s.op]
-    cop_i[by_reference(s, uidx, base, lo, m, ring_size)] = core.C_READ_REF
+    cop_i[by_reference(s, uidx, base, lo, m, ring_size, nrows)] = core.C_READ_REF
     prep = Prepared(s, cop_i, cunit[s.op], uidx, upos, base, lo, nrows, sym_rows, loaded, unloaded, tables,
                     ring_size)
     program.__dict__["_emulator_prepared"] = (key, prep)

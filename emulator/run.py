@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpu.emulator import blas, core, hugemem, mxm, sram_core
+from lpu.emulator import blas, core, hugemem, mxm, prepare_core, sram_core
 from lpu.emulator.core_links import NO_LINKS
 from lpu.emulator.prepare import Prepared, prepare
 from lpu.isa import opcodes as O
@@ -110,16 +110,18 @@ def _structure_error(program: Program, i: int, what: str) -> LpuError:
 
 
 def schedule(program: Program) -> Schedule:
-    """Issue cycle of every instruction, REPEATs expanded, sorted by (cycle, phase, queue, index)."""
+    """Issue cycle of every instruction, REPEATs expanded, sorted by (cycle, phase, queue, index)
+    (emulator/prepare_core.py: numpy's lexsort of five keys over every executed instruction took
+    seconds on a 12-layer program)."""
     m = program.machine
-    queue, op, args = program.queue.astype(np.int64), program.op.astype(np.int64), program.args.astype(np.int64)
+    queue, op, args = np.asarray(program.queue), np.asarray(program.op), np.asarray(program.args)
     n = len(op)
     nq = len(m.queues)
     bad = np.flatnonzero((op < 0) | (op >= len(O.OPS)) | (queue < 0) | (queue >= nq))
     if len(bad):
         raise _structure_error(program, bad[0], "unknown opcode or queue")
-    if n and np.any(np.diff(queue) < 0):
-        raise _structure_error(program, int(np.flatnonzero(np.diff(queue) < 0)[0]) + 1, "queues out of order")
+    if n and np.any(queue[1:] < queue[:-1]):
+        raise _structure_error(program, int(np.flatnonzero(queue[1:] < queue[:-1])[0]) + 1, "queues out of order")
     qunit = np.array([q[1] for q in m.queues], np.int32)
     qrole = np.array([q[3] for q in m.queues], np.int32)
     unit = OP_UNIT[op]
@@ -129,40 +131,32 @@ def schedule(program: Program) -> Schedule:
                                                 f"{UNIT_NAMES[qunit[queue[bad[0]]]]} queue")
     first = np.ones(n, bool)
     first[1:] = queue[1:] != queue[:-1]
+    a0, a1 = args[:, 0].astype(np.int64), args[:, 1].astype(np.int64)
     is_rep, is_nop = op == O.REPEAT, op == O.NOP
     for cond, what in (((op == O.SYNC) & ~first, "SYNC must be the first instruction of its queue"),
-                       (is_nop & (args[:, 0] < 0), "NOP count must be >= 0"),
-                       (is_rep & ((args[:, 0] < 0) | (args[:, 1] < 1)), "REPEAT needs n >= 0 and d >= 1"),
+                       (is_nop & (a0 < 0), "NOP count must be >= 0"),
+                       (is_rep & ((a0 < 0) | (a1 < 1)), "REPEAT needs n >= 0 and d >= 1"),
                        (is_rep & (first | (OP_UNIT[np.roll(op, 1)] == UNIT_ICU)),
                         "REPEAT must follow a unit instruction of its queue")):
         if np.any(cond):
             raise _structure_error(program, int(np.flatnonzero(cond)[0]), what)
     if np.any(op == O.SYNC) and not np.any((op == O.NOTIFY) & (queue == 0)):
         raise LpuError("bad program: a queue waits in SYNC but the ICU queue has no NOTIFY")
-    dur = np.where(is_nop, args[:, 0], np.where(is_rep, args[:, 0] * args[:, 1],
-                                                  np.where((op == O.SYNC) | (op == O.NOTIFY), 0, 1)))
+    dur = np.where(is_nop, a0, np.where(is_rep, a0 * a1, np.where((op == O.SYNC) | (op == O.NOTIFY), 0, 1)))
     ends = np.cumsum(dur)
     issue = ends - dur
     starts = np.flatnonzero(first)
     issue -= np.repeat(issue[starts], np.diff(np.append(starts, n)))
-    # expand: every unit instruction once, then REPEAT copies of the one before each REPEAT
-    base = np.flatnonzero(unit != UNIT_ICU)
-    reps = np.flatnonzero(is_rep)
-    counts = args[reps, 0]
-    rep_of = np.repeat(reps, counts)
-    j = np.arange(len(rep_of)) - np.repeat(np.cumsum(counts) - counts, counts) + 1
-    src = np.concatenate([base, rep_of - 1])
-    jj = np.concatenate([np.zeros(len(base), np.int64), j])
-    cyc = issue[src] + jj * np.concatenate([np.zeros(len(base), np.int64), args[rep_of, 1]])
-    eargs = args[src].copy()
-    field = REPEAT_FIELD[op[src]]
-    has = field >= 0
-    eargs[np.flatnonzero(has), field[has]] += jj[has]
-    order = np.lexsort((jj, src, queue[src], PHASE[op[src]], cyc))
-    src, jj, cyc, eargs = src[order], jj[order], cyc[order], eargs[order]
-    lat = np.array(O.latency_table(m), np.int64)[op[src]]
-    return Schedule(cyc, src.astype(np.int32), jj.astype(np.int32), queue[src].astype(np.int32),
-                    op[src].astype(np.int32), eargs, lat)
+    is_unit = OP_UNIT != UNIT_ICU
+    at = prepare_core.places(queue, op, args, issue, is_unit, O.REPEAT, PHASE, int((issue + dur).max()) + 1 if n else 1)
+    total, nf = int(at[-1]), args.shape[1]
+    s = Schedule(*(np.empty(shape, dt) for shape, dt in (
+        (total, np.int64), (total, np.int32), (total, np.int32), (total, np.int32), (total, np.int32),
+        ((total, nf), np.int64), (total, np.int64))))
+    prepare_core.expand(queue, op, args, issue, is_unit, O.REPEAT, PHASE, REPEAT_FIELD,
+                        np.array(O.latency_table(m), np.int64), at, s.cycle, s.src, s.repeat, s.queue, s.op, s.args,
+                        s.latency)
+    return s
 
 
 # ---- SRAM images of tensors ---------------------------------------------------------------------

@@ -529,3 +529,35 @@ def test_read_by_reference_only_where_no_write_can_change_its_row():
     assert s.cycle[np.flatnonzero(s.op == O.WRITE)].min() == t_read + 1
     xv, wv = rand("i8", (L,)), rand("i8", (L,))
     np.testing.assert_array_equal(run(p, {"x": xv, "w": wv}).outputs["z"], xv)
+
+
+def test_schedule_is_the_sorted_expansion():
+    """schedule (emulator/prepare_core.py's counting sort) against the definition spelled out:
+    per queue, issue from cycle 0, NOP n takes n cycles, SYNC/NOTIFY none, REPEAT n d copies the
+    instruction before it at +d .. +nd (field + j) and takes n * d; sorted by (cycle, phase, queue,
+    index, repetition). A compiled program with REPEATs in both phases."""
+    from lpu import api
+    import os
+    prog, _ = api.compile(os.path.join(os.path.dirname(os.path.dirname(__file__)), "programs", "mlp.lpu"))
+    rows, t, q_prev = [], 0, -1
+    for i, (q, o) in enumerate(zip(prog.queue.tolist(), prog.op.tolist())):
+        t = 0 if q != q_prev else t
+        q_prev, a = q, [int(v) for v in prog.args[i]]
+        if o == O.REPEAT:
+            f = O.REPEAT_FIELD[prog.op[i - 1]]
+            for j in range(1, a[0] + 1):
+                b = [int(v) for v in prog.args[i - 1]]
+                b[f] += j if f >= 0 else 0
+                rows.append((t - 1 + j * a[1], O.OPS[prog.op[i - 1]].phase, q, i - 1, j, b))
+            t += a[0] * a[1]
+        elif o == O.NOP:
+            t += a[0]
+        elif O.OPS[o].unit != O.OPS[O.NOP].unit:
+            rows.append((t, O.OPS[o].phase, q, i, 0, a))
+            t += 1
+    rows.sort(key=lambda r: r[:5])
+    s = schedule(prog)
+    assert any(r[4] for r in rows) and len({r[1] for r in rows}) == 2
+    assert s.cycle.tolist() == [r[0] for r in rows] and s.queue.tolist() == [r[2] for r in rows]
+    assert s.src.tolist() == [r[3] for r in rows] and s.repeat.tolist() == [r[4] for r in rows]
+    assert s.args.tolist() == [r[5] for r in rows]
