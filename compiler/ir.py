@@ -32,13 +32,16 @@ shape ()) is f32. Division of integers gives f32; comparisons give i8 masks (0 o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 
 from lpu.compiler import ops
 from lpu.compiler.errors import split_lines
 from lpu.isa.dtypes import dtype_width
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 LEAVES = ops.LEAVES
 
@@ -113,6 +116,7 @@ class IRGraph:
     def g(self) -> nx.DiGraph:
         """The graph as a networkx.DiGraph (built on first use, then kept in step)."""
         if self._nx is None:
+            import networkx as nx          # only here: importing it took ~0.14 s of every `lpu run`
             g = nx.DiGraph()
             g.add_nodes_from((n.id, {"n": n}) for n in self._nodes)
             g.add_edges_from((i, n.id) for n in self._nodes for i in n.inputs)
