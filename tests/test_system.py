@@ -350,11 +350,10 @@ def test_verify_checks_every_chip_and_link(mlp2):
     assert "link-unmatched" in {v.kind for v in alone}
 
 
-def test_ray_address_without_a_cluster_is_one_clear_error(mlp2, monkeypatch):
+def test_ray_address_without_a_cluster_is_one_clear_error(monkeypatch):
     """--ray auto with no cluster running: an LpuError that says what to do, not Ray's traceback."""
     ray = pytest.importorskip("ray")
     from lpu.emulator import cluster
-    g, sp = mlp2
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     if ray.is_initialized():
         ray.shutdown()
