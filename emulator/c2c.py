@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lpu.emulator import core, sram_core
+from lpu.emulator import blas, core, sram_core
 from lpu.emulator import core_links as CL
 from lpu.emulator import run as R
 from lpu.emulator.prepare import prepare
@@ -103,10 +103,11 @@ class ChipRun:
 
     def _execute(self, at: int) -> int:
         m, s, prep = self.program.machine, self.s, self.prep
-        return core.execute(at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency, m.lanes,
-                            m.streams_per_direction, m.acc_rows, m.f16_pair_cycles, m.addresses_per_bank,
-                            prep.bank_base, prep.bank_lo, self.mem, self.valid, prep.tables, R.F16_TO_F32,
-                            prep.workspace, self.links, self.bulk, self.hz, self.counters)
+        with blas.one_thread():      # (run.run's reason: the core's products are small)
+            return core.execute(at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency, m.lanes,
+                                m.streams_per_direction, m.acc_rows, m.f16_pair_cycles, m.addresses_per_bank,
+                                prep.bank_base, prep.bank_lo, self.mem, self.valid, prep.tables, R.F16_TO_F32,
+                                prep.workspace, self.links, self.bulk, self.hz, self.counters)
 
     def warm(self) -> None:
         """Before the values arrive (emulator/system_workers.py `start`): the jitted core loaded (called

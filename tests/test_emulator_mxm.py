@@ -302,6 +302,30 @@ def test_a_system_worker_sets_its_blas_threads():
         assert [pool.apply(_threads_after, (n,)) for n in (1, 2)] == [1, 2]
 
 
+def _one_thread_inside_and_after(n: int) -> tuple:
+    assert blas.set_threads(n)
+    get = blas._thread_calls()[0]
+    with blas.one_thread():
+        inside = int(get())
+    return inside, int(get())
+
+
+def test_the_core_multiplies_on_one_blas_thread_and_gives_numpy_its_threads_back():
+    """run() puts numpy's OpenBLAS on one thread while the core runs (blas.one_thread: its products
+    are small; two threads ran slower even on a quiet machine) and restores the count after, an
+    exception included (here in forked processes, from 2 and from 1 thread)."""
+    if not blas.dgemm_address() or blas._thread_calls() is None:
+        pytest.skip("numpy's BLAS is not the OpenBLAS of numpy's wheels")
+    import multiprocessing as mp
+    with mp.get_context("fork").Pool(1) as pool:
+        assert [pool.apply(_one_thread_inside_and_after, (n,)) for n in (2, 1)] == [(1, 2), (1, 1)]
+    get = blas._thread_calls()[0]
+    before = int(get())
+    with pytest.raises(ZeroDivisionError), blas.one_thread():
+        1 / 0
+    assert int(get()) == before
+
+
 # ---- whole programs: the bulk path changes no bit ------------------------------------------------
 def _same_bits(a, b):
     for name in a:
