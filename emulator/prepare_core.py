@@ -26,8 +26,8 @@ def places(queue, op, args, issue, is_unit, repeat_op, phase, cycles):
 
 
 @njit(cache=True)
-def expand(queue, op, args, issue, is_unit, repeat_op, phase, field, latency, at, cyc, src, rep, que, ops, eargs,
-           lat):
+def expand(queue, op, args, issue, is_unit, repeat_op, phase, field, latency, at, dense, cyc, src, rep, que, ops,
+           eargs, lat):
     """The schedule into (cyc, src, rep, que, ops, eargs, lat), as run.Schedule holds it: every
     unit instruction once, at its issue cycle, and the REPEAT copies of the instruction before
     each REPEAT (copy j at issue + j * d, its addr/row/acc field `field[op]` + j), sorted by
@@ -35,7 +35,8 @@ def expand(queue, op, args, issue, is_unit, repeat_op, phase, field, latency, at
     visiting them in index order (each REPEAT's copies right after the instruction they copy)
     meets them in (queue, index, repetition) order: a stable counting sort by (cycle, phase)
     (`at`, from `places`, consumed) finishes the order, each instruction written once at its
-    place."""
+    place. Not `dense` (a program whose cycles are mostly empty, e.g. a NOP of 2^31 cycles, whose
+    table `at` would not fit): in visit order, for the caller's stable sort."""
     nphase = phase.max() + 1
     nf = args.shape[1]
     for i in range(op.shape[0]):
@@ -49,8 +50,12 @@ def expand(queue, op, args, issue, is_unit, repeat_op, phase, field, latency, at
         for j in range(copies):
             jj = j + 1 if d else 0
             c = issue[s] + jj * d
-            t = at[c * nphase + phase[o]]
-            at[c * nphase + phase[o]] = t + 1
+            if dense:
+                t = at[c * nphase + phase[o]]
+                at[c * nphase + phase[o]] = t + 1
+            else:
+                t = at[0]
+                at[0] = t + 1
             cyc[t] = c
             src[t] = s
             rep[t] = jj

@@ -32,6 +32,9 @@ OP_ROLE = np.array([s.role for s in O.OPS], np.int32)
 REPEAT_FIELD = np.array(O.REPEAT_FIELD, np.int32)
 F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
+MAX_EXECUTED = 1 << 31     # executed instructions a run can hold (src is int32)
+DENSE_SLACK, DENSE_MIN = 8, 1 << 22     # schedule(): a counting sort over cycles unless they are mostly empty
+
 HAZARD_TEXT = {
     core.H_STREAM_EMPTY: "stream read with no valid value",
     core.H_TWO_WRITERS: "two writers on one stream position",
@@ -156,14 +159,29 @@ def schedule(program: Program) -> Schedule:
     starts = np.flatnonzero(first)
     issue -= np.repeat(issue[starts], np.diff(np.append(starts, n)))
     is_unit = OP_UNIT != UNIT_ICU
-    at = prepare_core.places(queue, op, args, issue, is_unit, O.REPEAT, PHASE, int((issue + dur).max()) + 1 if n else 1)
-    total, nf = int(at[-1]), args.shape[1]
-    s = Schedule(*(np.empty(shape, dt) for shape, dt in (
-        (total, np.int64), (total, np.int32), (total, np.int32), (total, np.int32), (total, np.int32),
-        ((total, nf), np.int64), (total, np.int64))))
+    nphase = int(PHASE.max()) + 1
+    span = int((issue + dur).max()) + 1 if n else 1
+    total = int(np.count_nonzero(is_unit[op] & ~is_rep)) + int(a0[is_rep].sum())
+    if total > MAX_EXECUTED:
+        raise LpuError(f"bad program: it executes {total:,} instructions (REPEATs expanded), more than the emulator "
+                       f"holds ({MAX_EXECUTED:,})")
+    dense = span * nphase <= DENSE_SLACK * total + DENSE_MIN     # the counting sort's table is worth its size
+    try:
+        at = (prepare_core.places(queue, op, args, issue, is_unit, O.REPEAT, PHASE, span) if dense
+              else np.zeros(1, np.int64))
+        nf = args.shape[1]
+        s = Schedule(*(np.empty(shape, dt) for shape, dt in (
+            (total, np.int64), (total, np.int32), (total, np.int32), (total, np.int32), (total, np.int32),
+            ((total, nf), np.int64), (total, np.int64))))
+    except MemoryError:
+        raise LpuError(f"bad program: its {total:,} executed instructions over {span:,} cycles do not fit in this "
+                       f"machine's memory") from None
     prepare_core.expand(queue, op, args, issue, is_unit, O.REPEAT, PHASE, REPEAT_FIELD,
-                        np.array(O.latency_table(m), np.int64), at, s.cycle, s.src, s.repeat, s.queue, s.op, s.args,
-                        s.latency)
+                        np.array(O.latency_table(m), np.int64), at, dense, s.cycle, s.src, s.repeat, s.queue, s.op,
+                        s.args, s.latency)
+    if not dense:       # a few instructions over many cycles: sort them (stable: the visit order breaks ties)
+        order = np.argsort(s.cycle * nphase + PHASE[s.op], kind="stable")
+        s = Schedule(*(a[order] for a in (s.cycle, s.src, s.repeat, s.queue, s.op, s.args, s.latency)))
     return s
 
 

@@ -104,6 +104,51 @@ def test_wrong_cycle_count():
     assert f"the program says {p.predicted_cycles}" in str(h)
 
 
+def test_a_program_over_billions_of_mostly_empty_cycles_runs():
+    """Two instructions after a wait of 2e9 cycles: the schedule is sorted without a table over
+    every cycle (which needed 48 GB: MemoryError from a fuzzed binary's NOP of 2^31 - 1)."""
+    b = ProgBuilder(M, ["y = x"])
+    x = b.tensor("x", "input", "i8", (L,), [0])
+    y = b.tensor("y", "output", "i8", (L,), [5], bank=1)
+    b.read_vec(x, 0, EAST, 2, 2_000_000_000)
+    b.write_vec(y, 0, EAST, 2, 2_000_000_000, line=1)
+    p = b.build()
+    xv = RNG.integers(-9, 9, L).astype(np.int8)
+    r = run(p, {"x": xv})
+    assert r.cycles == p.predicted_cycles > 2_000_000_000 and np.array_equal(r.outputs["y"], xv)
+
+
+def test_the_sorted_schedule_without_the_cycle_table_is_the_same(monkeypatch):
+    import dataclasses as dc
+
+    from lpu.emulator import run as R
+    from tests.test_emulator_mxm import PROGRAMS, compile_file
+    prog, _ = compile_file(f"{PROGRAMS}/attention_decode.lpu", {}, M)
+    dense = R.schedule(prog)
+    monkeypatch.setattr(R, "DENSE_SLACK", 0)
+    monkeypatch.setattr(R, "DENSE_MIN", -1)
+    sparse = R.schedule(prog)
+    for f in dc.fields(dense):
+        assert np.array_equal(getattr(dense, f.name), getattr(sparse, f.name)), f.name
+
+
+def test_too_many_executed_instructions_is_one_clear_error(monkeypatch):
+    from lpu.emulator import run as R
+    b = ProgBuilder(M, ["y = x"])
+    x = b.tensor("x", "input", "i8", (L,), [0])
+    b.read_vec(x, 0, EAST, 2, 2)
+    p = b.build()
+    i = int(np.flatnonzero(p.op == O.READ)[0])
+    rep = np.zeros((1, p.args.shape[1]), p.args.dtype)
+    rep[0, :2] = 2**31 - 1, 1
+    q = dataclasses.replace(p, op=np.insert(p.op, i + 1, O.REPEAT), args=np.insert(p.args, i + 1, rep, axis=0),
+                            queue=np.insert(p.queue, i + 1, p.queue[i]), line=np.insert(p.line, i + 1, 0),
+                            node=np.insert(p.node, i + 1, 0))
+    monkeypatch.setattr(R, "MAX_EXECUTED", 2**31 - 1)      # (the limit itself, 2^31, is one more)
+    with pytest.raises(LpuError, match="executes 2,147,483,648 instructions"):
+        run(q, {"x": np.zeros(L, np.int8)})
+
+
 # ---- VXM fast path = arith's general path ---------------------------------------------------------
 @pytest.mark.parametrize("op", ["ADD", "SUB", "MUL", "DIV", "MAX", "MIN", "CONV", "NEG", "ABS", "RELU", "EXP", "LOG",
                                 "SQRT", "RSQRT", "TANH", "SIGMOID", "SILU", "GELU"])
