@@ -325,13 +325,13 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na):
 
 @njit(cache=True)
 def install(buf, dt, trans, lanes, w, wnorm, wcols):
-    """w[k, n] = the weight buffer buf[byte plane, row, lane] (transposed in place if trans) as
+    """w[k, n] = the weight buffer buf[row, byte plane, lane] (transposed in place if trans) as
     float32 numbers (f16 and i8 values are exact in it); wnorm: `column_norms` (for `settle`);
     wcols: `row_support`."""
-    lo, hi = buf[0], buf[1]
     for k in range(lanes):
+        lo, hi, row = buf[k, 0], buf[k, 1], w[k]
         for n in range(lanes):
-            w[k, n] = weight(lo[k, n], hi[k, n], dt)
+            row[n] = weight(lo[n], hi[n], dt)
     if trans:
         for k0 in range(0, lanes, 32):
             for n0 in range(k0, lanes, 32):
