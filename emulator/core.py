@@ -150,19 +150,16 @@ def lw_exec(a, plane, p, t, ex, lanes, spd, ring, lbuf, lw_dt, ord_lw, sa, hz):
         return operand_error(hz, 2, cvt)
     if lw_dt[plane, row] != -1:
         return order_hazard(hz, ORD_RELOAD, plane, row)
-    w = WIDTH[ref >> 8]
-    if not stream_read(ref, w, p, t, ring, sa, hz):
+    dst = lbuf[plane, row]      # (the stream's bytes straight into the buffer row, unless converted)
+    if not stream_read(ref, WIDTH[ref >> 8], p, t, ring, sa if cvt != 0 else dst, hz):
         return False
     lw_dt[plane, row] = D_F16 if cvt != 0 else ref >> 8
     ord_lw[plane, row] = ex
     if cvt != 0:
         for l in range(lanes):
             bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
-            lbuf[plane, 0, row, l] = bits & 0xFF
-            lbuf[plane, 1, row, l] = bits >> 8
-        return True
-    for b in range(w):
-        copy_run(sa[b], lbuf[plane, b, row])
+            dst[0, l] = bits & 0xFF
+            dst[1, l] = bits >> 8
     return True
 
 
@@ -366,7 +363,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
              np.zeros((2, spd, ring_size), np.int64), hugemem.zeros((2, spd, ring_size, lanes), np.uint8),
              np.zeros((2, spd, ring_size), np.uint8), np.full((2, spd, ring_size), -1, np.int64)),
             np.full((slices, banks), -1, np.int64),               # bank_last
-            np.zeros((nplanes, 2, lanes, lanes), np.uint8),       # lbuf: [plane, byte plane, row, lane]
+            np.zeros((nplanes, lanes, 2, lanes), np.uint8),       # lbuf: [plane, row, byte plane, lane]
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
             np.zeros((lanes, lanes), np.float64),                 # wbuf: weights as float64 for BLAS (mxm.blas_over)
             hugemem.zeros((nplanes, lanes, lanes), np.float32),   # wts32: installed weights (f16, i8: exact)

@@ -263,8 +263,8 @@ def test_install_converts_a_buffer_as_the_separate_passes():
     v = (rng.standard_normal((lanes, lanes)) * 0.1).astype(np.float16)
     v[3], v[:, 5], v[7, 9], v[8, 1], v[9, 2], v[10, 40:] = 0, 0, 2.0**-24, np.inf, np.nan, 0
     for dt, bits in ((D_F16, v.view(np.uint16)), (D_I8, rng.integers(-128, 128, (lanes, lanes)).astype(np.uint8))):
-        buf = np.zeros((2, lanes, lanes), np.uint8)
-        buf[0], buf[1] = bits & 0xFF, bits >> 8 if dt == D_F16 else 0
+        buf = np.zeros((lanes, 2, lanes), np.uint8)      # [row, byte plane, lane]
+        buf[:, 0], buf[:, 1] = bits & 0xFF, bits >> 8 if dt == D_F16 else 0
         want = v.astype(np.float32) if dt == D_F16 else bits.view(np.int8).astype(np.float32)
         for trans in (False, True):
             w, norms, wcols = np.zeros((lanes, lanes), np.float32), np.zeros((2, lanes)), np.zeros((lanes, 2), np.int64)
