@@ -104,7 +104,7 @@ class ChipRun:
     def _execute(self, at: int) -> int:
         m, s, prep = self.program.machine, self.s, self.prep
         with blas.one_thread():      # (run.run's reason: the core's products are small)
-            return core.execute(at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency, m.lanes,
+            return core.execute(at, s.cycle, prep.meta, s.args, m.lanes,
                                 m.streams_per_direction, m.acc_rows, m.f16_pair_cycles, m.addresses_per_bank,
                                 prep.bank_base, prep.bank_lo, self.mem, self.valid, prep.tables, R.F16_TO_F32,
                                 prep.workspace, self.links, self.bulk, self.hz, self.counters)

@@ -10,8 +10,9 @@ Streams: per (direction, stream) a ring buffer indexed by diagonal k mod `ring_s
 two above positions + latency) holds the diagonal written, the writer's position and execution
 index, the payload bytes and whether anyone read it, and the SRAM row the payload is, where a
 READ put a reference instead of a copy (C_READ_REF: prepare.by_reference proves that nothing
-writes the row while the value can be read; -1: the payload is in ring_pay): the tuple `ring` =
-(ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, mem). A value nobody read is a hazard
+writes the row while the value can be read; else the payload is in ring_pay): the tuple `ring` =
+(ring_tag, ring_ref, ring_pay, mem), a slot's fields packed in two int64 words (core_streams.py:
+tag = diagonal, position, read flag; ref = writer, row). A value nobody read is a hazard
 (H_UNREAD), found when its slot is reused or at the end of the run, and reported at its writer.
 
 SRAM is the compact image of emulator/prepare.py, uint8[rows, lanes], with a valid flag per row
@@ -28,9 +29,9 @@ from lpu.emulator.borrow import borrowed, prefetch, prefetch_row
 from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, prepare.py, c2c.py as core.X)
     CORE_UNIT_OF, C_READ_REF, H_ADDR, H_BANK, H_BUSY, H_C2C, H_DTYPE, H_FLUSH, H_INSTALL, H_NONE,
     H_NOT_READY, H_OPERAND, H_ORDER, H_SRAM_CLOBBERED, H_SRAM_EMPTY, H_STREAM_EMPTY, H_TWO_WRITERS,
-    H_UNREAD, K_BANK_ACCESSES, K_MACS, K_MXM_BUSY, K_SRAM_READ, K_SRAM_WRITTEN, K_SXM_BUSY, K_VXM_BUSY,
-    NO_DIAG, N_COUNTERS, ORD_ACCUM_READ, ORD_ACC_EMPTY, ORD_NEVER_READ, ORD_NOT_INSTALLED, ORD_RELOAD,
-    ORD_RESET_UNREAD, ORD_STALE, RO_CLOBBERED, RO_LOADED, TRANSPOSE_BUFFERS, UNIT_CODE, U_C2C, U_MEM,
+    EMPTY_TAG, H_UNREAD, K_BANK_ACCESSES, K_MACS, K_MXM_BUSY, K_SRAM_READ, K_SRAM_WRITTEN, K_SXM_BUSY, K_VXM_BUSY,
+    N_COUNTERS, ORD_ACCUM_READ, ORD_ACC_EMPTY, ORD_NEVER_READ, ORD_NOT_INSTALLED, ORD_RELOAD,
+    ORD_RESET_UNREAD, ORD_STALE, RO_CLOBBERED, RO_LOADED, TAG_POS, TRANSPOSE_BUFFERS, UNIT_CODE, U_C2C, U_MEM,
     U_MXM, U_SXM, U_VXM, copy_run, diagonal, first_unread, operand_error, order_done, order_hazard, ref_ok,
     stream_read, stream_write, zero_run,
 )
@@ -347,6 +348,22 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
     return stream_write(oref, w, p, t + lat, ex, ring, so, hz)
 
 
+# An instruction's dispatch fields in one int64 (`pack_meta`, once per program: the loop streams
+# three columns, cycle, meta and operands, 64 bytes an instruction, instead of seven, 96 bytes)
+M_UNIT, M_UIDX, M_UPOS, M_LAT = 12, 24, 36, 48    # the core operation in bits 0-11
+M_MASK = (1 << 12) - 1
+
+
+def pack_meta(cop, cunit, uidx, upos, lat) -> np.ndarray:
+    """int64 [n]: core operation, unit, unit index, position and latency of every instruction."""
+    fields = (cop, cunit, uidx, upos, lat)
+    for name, f in zip(("operation", "unit", "unit index", "position", "latency"), fields):
+        if len(f) and (f.min() < 0 or f.max() > M_MASK):
+            raise ValueError(f"instruction {name} {int(f.min())}..{int(f.max())} outside 0..{M_MASK}")
+    return (cop.astype(np.int64) | cunit.astype(np.int64) << M_UNIT | uidx.astype(np.int64) << M_UIDX
+            | upos.astype(np.int64) << M_UPOS | lat.astype(np.int64) << M_LAT)
+
+
 PREFETCH_AHEAD = 12   # instructions: far enough ahead for a cache miss, near enough to stay cached
 STREAM_AHEAD = 128    # instructions: the columns of the instruction list are asked for this far ahead
 ABC_BATCH = 128    # an ABC's product is computed at its plane's IW, an ACC of its row, or when 128 wait
@@ -359,9 +376,10 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
     buffers, and scratch vectors. The ring payloads, installed weights and accumulators (MBs,
     touched at random) lie on huge pages each (emulator/hugemem.py; all of the state in one
     huge-page mapping measured no faster: 0.99-1.01 of the SRAM image alone)."""
-    return ((np.full((2, spd, ring_size), NO_DIAG, np.int64), np.zeros((2, spd, ring_size), np.int64),
-             np.zeros((2, spd, ring_size), np.int64), hugemem.zeros((2, spd, ring_size, lanes), np.uint8),
-             np.zeros((2, spd, ring_size), np.uint8), np.full((2, spd, ring_size), -1, np.int64)),
+    if ring_size > TAG_POS + 1:
+        raise ValueError(f"stream rings of {ring_size} slots: positions must stay below {TAG_POS + 1}")
+    return ((np.full((2, spd, ring_size), EMPTY_TAG, np.int64), np.zeros((2, spd, ring_size), np.int64),
+             hugemem.zeros((2, spd, ring_size, lanes), np.uint8)),
             np.full((slices, banks), -1, np.int64),               # bank_last
             np.zeros((nplanes, lanes, 2, lanes), np.uint8),       # lbuf: [plane, row, byte plane, lane]
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
@@ -393,16 +411,14 @@ def reset(ws):
     accumulator rows an ABC wrote measured slower: the run after it was ~7% slower, bert_base.)"""
     (ring, bank_last, lbuf, lw_dt, _, _, _, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n,
      order, _, _) = ws
-    ring[0].fill(NO_DIAG)
-    ring[4].fill(0)
-    ring[5].fill(-1)
+    ring[0].fill(EMPTY_TAG)
     for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wdt, -1), (busy, 0), (acc_bits, 0), (acc_kind, -1),
                  (acc_ready, 0), (tbuf, 0), (pend_n, 0), (order[0], -1), (order[1], 0), (order[2], -1)):
         a.fill(v)
 
 
 @njit(cache=True)
-def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles,
+def execute(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles,
             naddr, bank_base, bank_lo, mem, valid, tables, f16tab, ws, links, bulk, hz, counters):
     """Execute the sorted instruction list from `start`; returns where it stopped: the end, the
     instruction of a hazard, or one that waits for the host to multiply out a batch (hz[0] ==
@@ -410,7 +426,8 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     host delivers what other chips sent and calls again from it; emulator/core_links.py, whose
     `links` state a one-chip run passes switched off: then every C2C instruction stops the run
     with H_C2C). Dispatch is by each instruction's core
-    unit (`cunit`), then by its core operation. (This function allocates the scratch vectors and
+    unit, then by its core operation (both in `meta`, with its unit index, position and latency:
+    `pack_meta`). (This function allocates the scratch vectors and
     keeps every array alive while `_loop` uses them borrowed: emulator/borrow.py.)"""
     (ring, bank_last, lbuf, lw_dt, wbuf, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x,
      pend_meta, pend_n, order, wcols, ybuf) = ws
@@ -422,26 +439,24 @@ def execute(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows,
     fb = np.zeros(lanes, np.float32)
     ia = np.zeros(lanes, np.int64)
     u32 = np.zeros(lanes, np.uint32)
-    return _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles, naddr, bank_base,
-                 bank_lo, mem, valid, tables, f16tab, ring[0], ring[1], ring[2], ring[3], ring[4], ring[5], bank_last, lbuf,
+    return _loop(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles, naddr, bank_base,
+                 bank_lo, mem, valid, tables, f16tab, ring[0], ring[1], ring[2], bank_last, lbuf,
                  lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n,
                  order[0], order[1], order[2], wcols, wbuf, act, sa, sb, so, fa, fb, ia, u32, ybuf, links[0], links[1],
                  links[2], links[3], links[4], links[5], links[6], links[7], links[8], bulk, hz, counters)
 
 
 @njit(cache=True)
-def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, pair_cycles, naddr, bank_base, bank_lo,
-          mem, valid, tables, f16tab, ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, bank_last, lbuf, lw_dt, wts32,
+def _loop(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles, naddr, bank_base, bank_lo,
+          mem, valid, tables, f16tab, ring_tag, ring_ref, ring_pay, bank_last, lbuf, lw_dt, wts32,
           wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n, ord_lw, ord_acc, ord_last,
           wcols, wbuf, act, sa, sb, so, fa, fb, ia, u32, ybuf, lk_ctl, lk_last, out_link, out_cycle, out_pay,
           in_arrival, in_pay, in_head, in_tail, bulk, hz, counters):
     """`execute`'s loop, on borrowed arrays (no reference counting: emulator/borrow.py)."""
-    cyc, cop, cunit, uidx, upos, args, lat = (borrowed(cyc), borrowed(cop), borrowed(cunit), borrowed(uidx),
-                                              borrowed(upos), borrowed(args), borrowed(lat))
+    cyc, meta, args = borrowed(cyc), borrowed(meta), borrowed(args)
     bank_base, bank_lo, mem, valid, tables, f16tab = (borrowed(bank_base), borrowed(bank_lo), borrowed(mem),
                                                       borrowed(valid), borrowed(tables), borrowed(f16tab))
-    ring = (borrowed(ring_k), borrowed(ring_pos), borrowed(ring_src), borrowed(ring_pay), borrowed(ring_rd),
-            borrowed(ring_row), mem)
+    ring = (borrowed(ring_tag), borrowed(ring_ref), borrowed(ring_pay), mem)
     bank_last, lbuf, lw_dt, wts32, wnorm, wdt = (borrowed(bank_last), borrowed(lbuf), borrowed(lw_dt),
                                                  borrowed(wts32), borrowed(wnorm), borrowed(wdt))
     busy, acc_bits, acc_kind, acc_ready, tbuf = (borrowed(busy), borrowed(acc_bits), borrowed(acc_kind),
@@ -461,57 +476,52 @@ def _loop(start, cyc, cop, cunit, uidx, upos, args, lat, lanes, spd, acc_rows, p
         if i & 7 == 0 and i + STREAM_AHEAD < n:     # the instruction columns, 8 instructions at a time
             f = i + STREAM_AHEAD
             prefetch(cyc, f, 64)
-            prefetch(cop, f, 64)
-            prefetch(cunit, f, 64)
-            prefetch(uidx, f, 64)
-            prefetch(upos, f, 64)
-            prefetch(lat, f, 64)
+            prefetch(meta, f, 64)
             prefetch(args, f * args.shape[1], 8 * 8 * args.shape[1])
         j = i + PREFETCH_AHEAD      # the SRAM row of a MEM instruction a few ahead is asked for now
-        if j < n and cunit[j] == U_MEM:   # (and its stream slot's fields, and its row's valid flag)
-            bank, addr, sl = args[j, 0], args[j, 1], uidx[j]
+        mj = meta[j] if j < n else 0   # (and its stream slot's fields, and its row's valid flag)
+        if j < n and (mj >> M_UNIT) & M_MASK == U_MEM:
+            bank, addr, sl, opj = args[j, 0], args[j, 1], (mj >> M_UIDX) & M_MASK, mj & M_MASK
             if bank >= 0 and bank < bank_base.shape[1] and addr >= 0 and addr < naddr:
                 row = bank_base[sl, bank] + addr - bank_lo[sl, bank]
                 prefetch_row(mem, row)
                 prefetch(valid, row, 1)
             ref = args[j, 2]
             if ref_ok(ref, 1, spd):
-                c = cyc[j] + lat[j] if cop[j] == C_READ or cop[j] == C_READ_REF else cyc[j]
-                d, s, _, slot = diagonal(ref, upos[j], c, ring_k.shape[2])
-                slot += (d * spd + s) * ring_k.shape[2]
+                c = cyc[j] + ((mj >> M_LAT) & M_MASK) if opj == C_READ or opj == C_READ_REF else cyc[j]
+                d, s, _, slot = diagonal(ref, (mj >> M_UPOS) & M_MASK, c, ring_tag.shape[2])
+                slot += (d * spd + s) * ring_tag.shape[2]
                 prefetch(ring[0], slot, 1)
                 prefetch(ring[1], slot, 1)
-                prefetch(ring[2], slot, 1)
-                prefetch(ring[4], slot, 1)
-                prefetch(ring[5], slot, 1)
-                if cop[j] == C_WRITE:
-                    prefetch(ring[3], slot * lanes, lanes)
-        t, op, u, a = cyc[i], cop[i], cunit[i], args[i]
-        p = upos[i]
+                if opj == C_WRITE:
+                    prefetch(ring[2], slot * lanes, lanes)
+        t, mi, a = cyc[i], meta[i], args[i]
+        op, u, ui, p, li = (mi & M_MASK, (mi >> M_UNIT) & M_MASK, (mi >> M_UIDX) & M_MASK, (mi >> M_UPOS) & M_MASK,
+                            (mi >> M_LAT) & M_MASK)
         if u == U_MEM:
-            ok = mem_exec(op, a, uidx[i], p, t, i, lat[i], spd, naddr, mem, valid, bank_base, bank_lo, bank_last,
+            ok = mem_exec(op, a, ui, p, t, i, li, spd, naddr, mem, valid, bank_base, bank_lo, bank_last,
                           ring, sa, sb, hz, counters)
         elif u == U_MXM and op == C_LW:
-            ok = lw_exec(a, uidx[i], p, t, i, lanes, spd, ring, lbuf, lw_dt, order[0], sa, hz)
+            ok = lw_exec(a, ui, p, t, i, lanes, spd, ring, lbuf, lw_dt, order[0], sa, hz)
         elif u == U_MXM and op == C_ABC:
-            ok = abc_exec(a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm,
+            ok = abc_exec(a, ui, p, t, i, li, lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm,
                           wcols, wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order[1], order[2], sa, pend_x, pend_meta,
                           pend_n, ybuf, act, bulk, hz, counters)
         elif u == U_MXM:
-            ok = mxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, acc_rows, ring, lbuf, lw_dt, wts32,
+            ok = mxm_exec(op, a, ui, p, t, i, li, lanes, spd, acc_rows, ring, lbuf, lw_dt, wts32,
                           wnorm, wcols, wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x,
                           pend_meta, pend_n, ybuf, act, bulk, hz)
         elif u == U_VXM:
-            ok = vxm_exec(op, a, p, t, i, lat[i], lanes, spd, ring, f16tab,
+            ok = vxm_exec(op, a, p, t, i, li, lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)
         elif u == U_C2C:
             if lk_ctl[L_ON] == 0:
                 hz[0] = H_C2C
                 return i
-            ok = c2c_exec(op, a[0], uidx[i], p, t, i, spd, ring, lk_ctl, lk_last, out_link, out_cycle, out_pay,
+            ok = c2c_exec(op, a[0], ui, p, t, i, spd, ring, lk_ctl, lk_last, out_link, out_cycle, out_pay,
                           in_arrival, in_pay, in_head, in_tail, sa, hz)
         else:
-            ok = sxm_exec(op, a, uidx[i], p, t, i, lat[i], lanes, spd, tables, ring, tbuf, sa, so, hz, counters)
+            ok = sxm_exec(op, a, ui, p, t, i, li, lanes, spd, tables, ring, tbuf, sa, so, hz, counters)
         if not ok:
             if hz[0] == H_FLUSH or hz[0] == H_C2C:
                 return i

@@ -36,7 +36,16 @@ CORE_UNIT_OF = {name: next((u for u, names in _UNIT_OPS.items() if name in names
 K_BANK_ACCESSES, K_VXM_BUSY, K_MXM_BUSY, K_SXM_BUSY, K_MACS, K_SRAM_READ, K_SRAM_WRITTEN = range(7)
 N_COUNTERS = 7
 
-NO_DIAG = -(1 << 62)
+# A stream ring slot is two int64 words (emulator/core.py `workspace`): its tag, the diagonal k it
+# holds, the writer's position and whether anyone read it, (k << TAG_SHIFT) | (pos << 1) | read
+# (EMPTY_TAG: never written); and its reference, (writer's execution index << REF_SHIFT) |
+# (SRAM row + 1) (0: the payload is in ring_pay). One load answers a read's check, one line a
+# slot's fields (five int64 arrays before: k, pos, src, read flag, row).
+TAG_SHIFT = 16
+TAG_POS = (1 << (TAG_SHIFT - 1)) - 1     # positions < 2^15
+EMPTY_TAG = -(1 << 62)                   # its k (EMPTY_TAG >> TAG_SHIFT) is no diagonal of a run
+REF_SHIFT = 32
+REF_ROW = (1 << REF_SHIFT) - 1           # SRAM rows + 1 < 2^32, execution indices < 2^31
 
 
 @njit(cache=True, inline="always")
@@ -71,20 +80,21 @@ def diagonal(ref, q, c, size):
 @njit(cache=True, inline="always")
 def stream_read(ref, w, q, c, ring, dst, hz):
     """Read w byte planes of ref at position q in cycle c into dst; False on a hazard."""
-    ring_k, ring_pos, _, ring_pay, ring_rd, ring_row, mem = ring
-    d, s, k, slot = diagonal(ref, q, c, ring_k.shape[2])
+    ring_tag, ring_ref, ring_pay, mem = ring
+    d, s, k, slot = diagonal(ref, q, c, ring_tag.shape[2])
     for b in range(w):
-        wpos = ring_pos[d, s + b, slot]
-        if ring_k[d, s + b, slot] != k or (d == 0 and wpos > q) or (d == 1 and wpos < q):
+        tag = ring_tag[d, s + b, slot]
+        wpos = (tag >> 1) & TAG_POS
+        if tag >> TAG_SHIFT != k or (d == 0 and wpos > q) or (d == 1 and wpos < q):
             hz[0] = H_STREAM_EMPTY
             hz[3] = d
             hz[4] = s + b
             hz[5] = k
-            hz[6] = wpos if ring_k[d, s + b, slot] == k else -1
+            hz[6] = wpos if tag >> TAG_SHIFT == k else -1
             return False
     for b in range(w):
-        ring_rd[d, s + b, slot] = 1
-        row = ring_row[d, s + b, slot]
+        ring_tag[d, s + b, slot] |= 1
+        row = (ring_ref[d, s + b, slot] & REF_ROW) - 1
         copy_run(ring_pay[d, s + b, slot] if row < 0 else mem[row], dst[b])
     return True
 
@@ -94,20 +104,18 @@ def stream_write(ref, w, p, c, ex, ring, src, hz, row=-1):
     """Put w byte planes of src on ref at position p in cycle c (writer execution index ex);
     or (w = 1, row >= 0) a reference to SRAM row `row` of `mem`, which every reader copies
     (a READ whose row nothing can change while its value is on the stream: C_READ_REF)."""
-    ring_k, ring_pos, ring_src, ring_pay, ring_rd, ring_row, _ = ring
-    d, s, k, slot = diagonal(ref, p, c, ring_k.shape[2])
+    ring_tag, ring_ref, ring_pay, _ = ring
+    d, s, k, slot = diagonal(ref, p, c, ring_tag.shape[2])
     for b in range(w):
-        old = ring_k[d, s + b, slot]
-        if old == k or (old != NO_DIAG and ring_rd[d, s + b, slot] == 0):   # written twice, or never read
+        tag = ring_tag[d, s + b, slot]
+        old = tag >> TAG_SHIFT
+        if old == k or (tag != EMPTY_TAG and tag & 1 == 0):   # written twice, or never read
             hz[0], hz[3], hz[4], hz[5], hz[6] = H_TWO_WRITERS if old == k else H_UNREAD, d, s + b, old, \
-                ring_src[d, s + b, slot]
+                ring_ref[d, s + b, slot] >> REF_SHIFT
             return False
     for b in range(w):
-        ring_k[d, s + b, slot] = k
-        ring_pos[d, s + b, slot] = p
-        ring_src[d, s + b, slot] = ex
-        ring_rd[d, s + b, slot] = 0
-        ring_row[d, s + b, slot] = row
+        ring_tag[d, s + b, slot] = (k << TAG_SHIFT) | (p << 1)
+        ring_ref[d, s + b, slot] = (ex << REF_SHIFT) | (row + 1)
         if row < 0:
             copy_run(src[b], ring_pay[d, s + b, slot])
     return True
@@ -116,14 +124,15 @@ def stream_write(ref, w, p, c, ex, ring, src, hz, row=-1):
 @njit(cache=True)
 def first_unread(ring, hz):
     """At the end of the run: the earliest-written value still unread, as an H_UNREAD hazard."""
-    ring_k, ring_src, ring_rd = ring[0], ring[2], ring[4]
+    ring_tag, ring_ref = ring[0], ring[1]
     best = -1
-    for d in range(ring_k.shape[0]):
-        for s in range(ring_k.shape[1]):
-            for slot in range(ring_k.shape[2]):
-                if ring_k[d, s, slot] != NO_DIAG and ring_rd[d, s, slot] == 0 and (best < 0 or ring_src[d, s, slot] < best):
-                    best = ring_src[d, s, slot]
-                    hz[0], hz[3], hz[4], hz[5], hz[6] = H_UNREAD, d, s, ring_k[d, s, slot], best
+    for d in range(ring_tag.shape[0]):
+        for s in range(ring_tag.shape[1]):
+            for slot in range(ring_tag.shape[2]):
+                tag, src = ring_tag[d, s, slot], ring_ref[d, s, slot] >> REF_SHIFT
+                if tag != EMPTY_TAG and tag & 1 == 0 and (best < 0 or src < best):
+                    best = src
+                    hz[0], hz[3], hz[4], hz[5], hz[6] = H_UNREAD, d, s, tag >> TAG_SHIFT, best
     return best < 0
 
 

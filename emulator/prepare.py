@@ -62,6 +62,7 @@ class Prepared:
     cunit: np.ndarray      # int64 [n]: core unit
     uidx: np.ndarray       # int64 [n]: index of the unit (slice, plane, hemisphere)
     upos: np.ndarray       # int64 [n]: floorplan position of the unit
+    meta: np.ndarray       # int64 [n]: cop, cunit, uidx, upos and latency packed (core.pack_meta), what the core reads
     bank_base: np.ndarray  # int64 [slices, banks]: first row of the pair's block (-1 unused)
     bank_lo: np.ndarray    # int64 [slices, banks]: address of that row
     nrows: int
@@ -180,7 +181,8 @@ def prepare(program: Program, schedule) -> Prepared:
     unloaded = np.flatnonzero(free).astype(np.int64)
     cop_i = cop[s.op]
     cop_i[by_reference(s, uidx, base, lo, m, ring_size, nrows)] = core.C_READ_REF
-    prep = Prepared(s, cop_i, cunit[s.op], uidx, upos, base, lo, nrows, sym_rows, loaded, unloaded, tables,
+    meta = core.pack_meta(cop_i, cunit[s.op], uidx, upos, s.latency)
+    prep = Prepared(s, cop_i, cunit[s.op], uidx, upos, meta, base, lo, nrows, sym_rows, loaded, unloaded, tables,
                     ring_size)
     program.__dict__["_emulator_prepared"] = (key, prep)
     return prep

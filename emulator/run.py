@@ -409,7 +409,7 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) 
     at, flush_args = 0, bulk_args(bulk)
     with blas.one_thread():
         while True:
-            at = core.execute(at, s.cycle, prep.cop, prep.cunit, prep.uidx, prep.upos, s.args, s.latency,
+            at = core.execute(at, s.cycle, prep.meta, s.args,
                               m.lanes, m.streams_per_direction, m.acc_rows, m.f16_pair_cycles,
                               m.addresses_per_bank, prep.bank_base, prep.bank_lo, mem, valid, prep.tables, F16_TO_F32,
                               prep.workspace, NO_LINKS, flush_args, hz, counters)

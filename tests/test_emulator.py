@@ -561,3 +561,15 @@ def test_schedule_is_the_sorted_expansion():
     assert s.cycle.tolist() == [r[0] for r in rows] and s.queue.tolist() == [r[2] for r in rows]
     assert s.src.tolist() == [r[3] for r in rows] and s.repeat.tolist() == [r[4] for r in rows]
     assert s.args.tolist() == [r[5] for r in rows]
+
+
+def test_dispatch_fields_pack_into_one_word():
+    """The core reads an instruction's operation, unit, unit index, position and latency from one
+    int64 (core.pack_meta); a field too wide for its bits is refused, not cut."""
+    from lpu.emulator import core
+    cols = [np.array(v, np.int64) for v in ([0, 21, 5], [0, 4, 2], [87, 0, 3], [92, 0, 17], [2, 6, core.M_MASK])]
+    meta = core.pack_meta(*cols)
+    for f, shift in zip(cols, (0, core.M_UNIT, core.M_UIDX, core.M_UPOS, core.M_LAT)):
+        assert list((meta >> shift) & core.M_MASK) == list(f)
+    with pytest.raises(ValueError, match="latency"):
+        core.pack_meta(*cols[:4], np.array([0, 0, core.M_MASK + 1]))
