@@ -334,7 +334,10 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
                        cycle, qname, src, op.name, line, HAZARD_KIND[kind], expected)
 
 
-BULK_WORK = 1 << 19    # batches of this many multiply-adds or more are multiplied out with BLAS (mxm.flush)
+BULK_WORK = 1 << 21    # batches of this many multiply-adds or more are multiplied out with BLAS (mxm.flush): a
+                       # BLAS call pays ~100 us (the weights' float64 copy, packing) that the short path does not:
+                       # in-core BLAS against the short path, one batch of n rows x 320 lanes x 320 columns: n = 16
+                       # 139 vs 92 us, n = 32 226 vs 182, n = 64 394 vs 766 (half ABCs: n = 24 93 vs 82, 64 198 vs 225)
 
 
 def _bulk(ws, plane: int) -> None:

@@ -348,10 +348,12 @@ def test_bundled_programs_bulk_equals_row(name, tsp):
 
 def test_host_blas_equals_row(tsp, monkeypatch):
     """Where the core cannot call numpy's BLAS (`blas.dgemm_address` 0: another BLAS), it hands
-    each large batch to the host (run._bulk): the same bits."""
+    each large batch to the host (run._bulk): the same bits. (Large here: 2^16 multiply-adds, so
+    that mlp's batches go to BLAS.)"""
     from lpu.emulator import run as R
     calls = []
     monkeypatch.setattr(blas, "dgemm_address", lambda: 0)
+    monkeypatch.setattr(R, "BULK_WORK", 1 << 16)
     monkeypatch.setattr(R, "_bulk", lambda ws, plane, bulk=R._bulk: calls.append(plane) or bulk(ws, plane))
     _bulk_equals_row("mlp", tsp)
     assert calls
