@@ -16,7 +16,7 @@ from numba.extending import intrinsic
 from lpu.isa import dtypes as _dtypes
 
 
-CORE_CALLEES = ("arith.py", "mxm.py", "vxm_fast.py", "core_streams.py", "core_links.py", "borrow.py")
+CORE_CALLEES = ("arith.py", "mxm.py", "vxm_fast.py", "vxm_tanh.py", "core_streams.py", "core_links.py", "borrow.py")
 
 
 def _drop_stale_core_cache():
@@ -40,7 +40,7 @@ def _drop_stale_core_cache():
         pass
     try:
         for name in os.listdir(cache):
-            if name.startswith(("core.", "mxm.", "vxm_fast.")) and name.endswith((".nbi", ".nbc")):
+            if name.startswith(("core.", "mxm.", "vxm_fast.", "vxm_tanh.")) and name.endswith((".nbi", ".nbc")):
                 os.remove(os.path.join(cache, name))
         tmp = f"{mark}.{os.getpid()}"
         with open(tmp, "w") as f:

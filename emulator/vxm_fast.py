@@ -1,6 +1,7 @@
 """Jitted fast path of the commonest VXM instructions (used by emulator/core.py before
 emulator/arith.py's general `vxm_compute`): ADD, SUB, MUL, DIV, MAX, MIN, CONV and the float
-unary operations (NEG .. GELU: arith.f32_unary itself) with f16 or f32 operands and result. The
+unary operations (NEG .. GELU: arith.f32_unary itself; TANH and GELU by emulator/vxm_tanh.py, the
+same bits a vector at a time) with f16 or f32 operands and result. The
 same arithmetic as arith (float32 operations, NaN rules of f32_binary, f32 -> f16 by
 f32_bits_to_f16, lanes >= nv zero), with the dtype and operation
 branches taken once per vector instead of once per lane; anything else goes to arith.
@@ -10,8 +11,9 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from lpu.emulator.arith import (C_ADD, C_CONV, C_DIV, C_GELU, C_MAX, C_MIN, C_MUL, C_NEG, C_SUB, D_F16, D_F32, f16_value,
-                                f32_bits_to_f16, f32_unary)
+from lpu.emulator.arith import (C_ADD, C_CONV, C_DIV, C_GELU, C_MAX, C_MIN, C_MUL, C_NEG, C_SUB, C_TANH, D_F16, D_F32,
+                                f16_value, f32_bits_to_f16, f32_unary)
+from lpu.emulator.vxm_tanh import gelu_vec, tanh_vec
 
 
 @intrinsic
@@ -98,7 +100,11 @@ def compute(op, a, adt, b, bdt, bimm, imm, odt, nv, lanes, fa, fb, u32, f32v, ds
         for l in range(lanes):
             fa[l] = fimm
     if op >= C_NEG and op <= C_GELU:
-        if op != C_CONV:
+        if op == C_GELU:
+            gelu_vec(fa, lanes)
+        elif op == C_TANH:
+            tanh_vec(fa, lanes)
+        elif op != C_CONV:
             for l in range(lanes):          # (the op's branch is taken out of the loop by the compiler)
                 fa[l] = f32_unary(op, fa[l])
     else:
