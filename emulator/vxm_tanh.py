@@ -1,10 +1,10 @@
-"""The float32 tanh of the VXM's TANH and GELU, a vector at a time (used by
-emulator/vxm_fast.py).
+"""The float32 tanh of the VXM's TANH and GELU: `tanh_lane` (arith.f32_unary) and the same a
+vector at a time (emulator/vxm_fast.py).
 
 The emulator's tanh is the float tanhf of fdlibm (Sun's 1993 libm, converted to float by Ian
-Lance Taylor, through expm1f): glibc's libm until 2.40, which arith.f32_unary reaches through
-Numba's np.tanh, so these bits are the ones the emulator always computed on its hosts.
-Calling libm costs a call a lane (~16 ns: 5 us of a 320-lane GELU); here every step of
+Lance Taylor, through expm1f), as glibc's libm has it (2.36 on the development host), which the
+emulator called through Numba's np.tanh before: the same bits on this host, and now on every
+host whatever its libm. Calling libm cost a call a lane (~16 ns: 5 us of a 320-lane GELU); here every step of
 tanhf and expm1f is computed for every lane without a branch (each branch's value, then the
 one its condition picks), so the loops vectorize. The same float32 operations in the same
 order, no fused multiply-adds, ties to even: the same bits, compared with libm's tanhf on all

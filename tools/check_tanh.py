@@ -1,5 +1,5 @@
 """Compare emulator/vxm_tanh.py's vector tanh with libm's tanhf (Numba's np.tanh, which
-arith.f32_unary calls) on every float32 bit pattern, or on every `--step`-th one: the proof
+arith.f32_unary called before) on every float32 bit pattern, or on every `--step`-th one: the proof
 that the VXM's TANH and GELU kept their bits (all 2^32 inputs: ~75 s of CPU).
 python tools/check_tanh.py [--step N]"""
 import argparse
