@@ -1,7 +1,7 @@
 """Compare emulator/vxm_tanh.py's vector tanh with libm's tanhf (Numba's np.tanh, which
 arith.f32_unary called before) on every float32 bit pattern, or on every `--step`-th one: the proof
 that the VXM's TANH and GELU kept their bits (all 2^32 inputs: ~75 s of CPU).
-python tools/check_tanh.py [--step N]"""
+python -m tools.check_tanh [--step N] (from the repository root)"""
 import argparse
 import sys
 import time
@@ -12,13 +12,13 @@ from numba import njit
 from lpu.emulator.vxm_tanh import tanh_vec
 
 
-@njit(cache=True)
+@njit
 def _libm(x, out):
     for l in range(x.shape[0]):
         out[l] = np.tanh(x[l])
 
 
-@njit(cache=True)
+@njit
 def _fill(start, step, bits):
     for l in range(bits.shape[0]):
         bits[l] = np.uint32((start + l * step) & 0xFFFFFFFF)
