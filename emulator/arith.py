@@ -13,10 +13,11 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from lpu.emulator.vxm_tanh import tanh_lane
 from lpu.isa import dtypes as _dtypes
 
 
-CORE_CALLEES = ("arith.py", "mxm.py", "vxm_fast.py", "core_streams.py", "core_links.py", "borrow.py")
+CORE_CALLEES = ("arith.py", "mxm.py", "vxm_fast.py", "vxm_tanh.py", "core_streams.py", "core_links.py", "borrow.py")
 
 
 def _drop_stale_core_cache():
@@ -40,7 +41,7 @@ def _drop_stale_core_cache():
         pass
     try:
         for name in os.listdir(cache):
-            if name.startswith(("core.", "mxm.", "vxm_fast.")) and name.endswith((".nbi", ".nbc")):
+            if name.startswith(("core.", "mxm.", "vxm_fast.", "vxm_tanh.")) and name.endswith((".nbi", ".nbc")):
                 os.remove(os.path.join(cache, name))
         tmp = f"{mark}.{os.getpid()}"
         with open(tmp, "w") as f:
@@ -226,7 +227,7 @@ def encode_int(vals, dt, nv, lanes, dst):
 
 
 # ---- VXM ---------------------------------------------------------------------------------------
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, inline="always", error_model="numpy")
 def f32_unary(op, x):
     one = np.float32(1.0)
     if op == C_NEG:
@@ -244,14 +245,14 @@ def f32_unary(op, x):
     if op == C_RSQRT:
         return one / np.sqrt(x)
     if op == C_TANH:
-        return np.tanh(x)
+        return tanh_lane(x)                 # libm's tanhf (fdlibm), on every host
     if op == C_SIGMOID:
         return one / (one + np.exp(-x))
     if op == C_SILU:
         return x * (one / (one + np.exp(-x)))
     if op == C_GELU:
         inner = np.float32(0.7978845608) * (x + np.float32(0.044715) * (x * x * x))
-        return np.float32(0.5) * x * (one + np.tanh(inner))
+        return np.float32(0.5) * x * (one + tanh_lane(inner))
     return x  # CONV
 
 
@@ -334,10 +335,11 @@ def int_binary(op, a, b):
     return a if a <= b else b
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def vxm_compute(op, a, adt, b, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, dst):
     """One VXM instruction on operand byte planes a, b (b unused for unary ops and MASK).
-    KEEP and DROP only test b against zero, so b's dtype does not choose the compute dtype."""
+    KEEP and DROP only test b against zero, so b's dtype does not choose the compute dtype.
+    (error_model numpy: f32_unary, inlined here, divides by zero as IEEE does.)"""
     binary = op >= C_ADD and op <= C_MIN
     select = op == C_KEEP or op == C_DROP
     reads_a = not (binary and bimm == 2)

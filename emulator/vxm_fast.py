@@ -1,6 +1,7 @@
 """Jitted fast path of the commonest VXM instructions (used by emulator/core.py before
 emulator/arith.py's general `vxm_compute`): ADD, SUB, MUL, DIV, MAX, MIN, CONV and the float
-unary operations (NEG .. GELU: arith.f32_unary itself) with f16 or f32 operands and result. The
+unary operations (NEG .. GELU: arith.f32_unary itself; TANH and GELU by emulator/vxm_tanh.py, the
+same bits a vector at a time) with f16 or f32 operands and result. The
 same arithmetic as arith (float32 operations, NaN rules of f32_binary, f32 -> f16 by
 f32_bits_to_f16, lanes >= nv zero), with the dtype and operation
 branches taken once per vector instead of once per lane; anything else goes to arith.
@@ -10,8 +11,10 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from lpu.emulator.arith import (C_ADD, C_CONV, C_DIV, C_GELU, C_MAX, C_MIN, C_MUL, C_NEG, C_SUB, D_F16, D_F32, f16_value,
+from lpu.emulator.arith import (C_ABS, C_ADD, C_DIV, C_EXP, C_GELU, C_LOG, C_MAX, C_MIN, C_MUL, C_NEG, C_RELU,
+                                C_RSQRT, C_SIGMOID, C_SILU, C_SQRT, C_SUB, C_TANH, D_F16, D_F32, f16_value,
                                 f32_bits_to_f16, f32_unary)
+from lpu.emulator.vxm_tanh import gelu_vec, tanh_vec
 
 
 @intrinsic
@@ -63,6 +66,42 @@ def _decode(src, dt, lanes, out):
             bits[l] = np.uint32(b0[l]) | (np.uint32(b1[l]) << 8) | (np.uint32(b2[l]) << 16) | (np.uint32(b3[l]) << 24)
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def _each(op, fa, lanes):
+    for l in range(lanes):
+        fa[l] = f32_unary(op, fa[l])
+
+
+@njit(cache=True, error_model="numpy")
+def _unary(op, fa, lanes):
+    """fa[:lanes] <- arith.f32_unary(op, fa), a loop of its own for each operation (with the
+    operation a constant there: one loop with a branch a lane does not vectorize, and EXP's
+    and RSQRT's got 3x slower when f32_unary grew tanhf)."""
+    if op == C_GELU:
+        gelu_vec(fa, lanes)
+    elif op == C_TANH:
+        tanh_vec(fa, lanes)
+    elif op == C_NEG:
+        _each(C_NEG, fa, lanes)
+    elif op == C_ABS:
+        _each(C_ABS, fa, lanes)
+    elif op == C_RELU:
+        _each(C_RELU, fa, lanes)
+    elif op == C_EXP:
+        _each(C_EXP, fa, lanes)
+    elif op == C_LOG:
+        _each(C_LOG, fa, lanes)
+    elif op == C_SQRT:
+        _each(C_SQRT, fa, lanes)
+    elif op == C_RSQRT:
+        _each(C_RSQRT, fa, lanes)
+    elif op == C_SIGMOID:
+        _each(C_SIGMOID, fa, lanes)
+    elif op == C_SILU:
+        _each(C_SILU, fa, lanes)
+    # CONV: the value itself
+
+
 @njit(cache=True, error_model="numpy")
 def _binary(op, fa, fb, lanes):
     if op == C_ADD:
@@ -98,9 +137,7 @@ def compute(op, a, adt, b, bdt, bimm, imm, odt, nv, lanes, fa, fb, u32, f32v, ds
         for l in range(lanes):
             fa[l] = fimm
     if op >= C_NEG and op <= C_GELU:
-        if op != C_CONV:
-            for l in range(lanes):          # (the op's branch is taken out of the loop by the compiler)
-                fa[l] = f32_unary(op, fa[l])
+        _unary(op, fa, lanes)
     else:
         if bimm == 1:
             for l in range(lanes):
