@@ -8,8 +8,9 @@ wheels bundle it) in the library numpy loaded; 0 where there is none (another BL
 platform): the core then hands large batches to the host (emulator/run.py `_bulk`), which
 multiplies them with numpy. The address is an argument, not a constant of the jitted code, so
 Numba's cache holds nothing specific to one process. Thread settings are numpy's own (the same
-library, already initialised), but for a system's worker processes (`set_threads`), and the
-core's own products, which run on one thread (`one_thread`).
+library, already initialised), but while the core runs: its products run on one thread
+(`one_thread`; a system's worker processes, which had each set OpenBLAS to its share of the
+cores so that idle BLAS threads would not spin on the others' cores, need nothing more).
 """
 import contextlib
 import ctypes
@@ -50,19 +51,6 @@ def dgemm_address() -> int:
 
 THREAD_SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads")
 THREAD_GETTERS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
-
-
-def set_threads(n: int) -> bool:
-    """Let numpy's OpenBLAS use n threads from now on (in this process): a system's worker
-    process takes its share of the cores (emulator/system.py), where OpenBLAS' default, one
-    thread a core, has the workers' idle BLAS threads spin on the cores the others compute on.
-    False where numpy's BLAS is not one this finds."""
-    for lib in _openblas():
-        for name in THREAD_SETTERS:
-            if hasattr(lib, name):
-                getattr(lib, name)(ctypes.c_int(n))
-                return True
-    return False
 
 
 @functools.cache

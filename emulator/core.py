@@ -31,7 +31,7 @@ from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, pre
     H_NOT_READY, H_OPERAND, H_ORDER, H_SRAM_CLOBBERED, H_SRAM_EMPTY, H_STREAM_EMPTY, H_TWO_WRITERS,
     EMPTY_TAG, H_UNREAD, K_BANK_ACCESSES, K_MACS, K_MXM_BUSY, K_SRAM_READ, K_SRAM_WRITTEN, K_SXM_BUSY, K_VXM_BUSY,
     N_COUNTERS, ORD_ACCUM_READ, ORD_ACC_EMPTY, ORD_NEVER_READ, ORD_NOT_INSTALLED, ORD_RELOAD,
-    ORD_RESET_UNREAD, ORD_STALE, RO_CLOBBERED, RO_LOADED, TAG_POS, TRANSPOSE_BUFFERS, UNIT_CODE, U_C2C, U_MEM,
+    ORD_RESET_UNREAD, ORD_STALE, RO_CLOBBERED, RO_LOADED, TRANSPOSE_BUFFERS, UNIT_CODE, U_C2C, U_MEM,
     U_MXM, U_SXM, U_VXM, copy_run, diagonal, first_unread, operand_error, order_done, order_hazard, ref_ok,
     stream_read, stream_write, zero_run,
 )
@@ -376,8 +376,6 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
     buffers, and scratch vectors. The ring payloads, installed weights and accumulators (MBs,
     touched at random) lie on huge pages each (emulator/hugemem.py; all of the state in one
     huge-page mapping measured no faster: 0.99-1.01 of the SRAM image alone)."""
-    if ring_size > TAG_POS + 1:
-        raise ValueError(f"stream rings of {ring_size} slots: positions must stay below {TAG_POS + 1}")
     return ((np.full((2, spd, ring_size), EMPTY_TAG, np.int64), np.zeros((2, spd, ring_size), np.int64),
              hugemem.zeros((2, spd, ring_size, lanes), np.uint8)),
             np.full((slices, banks), -1, np.int64),               # bank_last

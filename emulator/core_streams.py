@@ -42,7 +42,7 @@ N_COUNTERS = 7
 # (SRAM row + 1) (0: the payload is in ring_pay). One load answers a read's check, one line a
 # slot's fields (five int64 arrays before: k, pos, src, read flag, row).
 TAG_SHIFT = 16
-TAG_POS = (1 << (TAG_SHIFT - 1)) - 1     # positions < 2^15
+TAG_POS = (1 << (TAG_SHIFT - 1)) - 1     # positions < 2^15 (core.pack_meta holds them in 12 bits)
 EMPTY_TAG = -(1 << 62)                   # its k (EMPTY_TAG >> TAG_SHIFT) is no diagonal of a run
 REF_SHIFT = 32
 REF_ROW = (1 << REF_SHIFT) - 1           # SRAM rows + 1 < 2^32, execution indices < 2^31

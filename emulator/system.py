@@ -60,7 +60,7 @@ def run_system(sp, values: dict, workers: int = 0, ray_address: str | None = Non
             else:
                 ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
                 for g in range(n):
-                    groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx, trace, workers=n))
+                    groups.append(ProcessGroup(items[g::n], system.slot_cycles, ctx, trace))
                 for g in groups:
                     g.ready()
             return _drive(sp, groups, values, parallel=True)

@@ -13,16 +13,15 @@ import signal
 
 import numpy as np
 
-from lpu.emulator import blas, system_group
+from lpu.emulator import system_group
 from lpu.emulator.system_group import Group, chip_values, full_index, part_index, rows_of, share_prepared, tile
 from lpu.isa.dtypes import NP_DTYPE
 from lpu.isa.errors import LpuError
 
 
-def _worker(conn, items, slot_cycles, trace, shared=None, cores=1, followers=()):
+def _worker(conn, items, slot_cycles, trace, shared=None, followers=()):
     forked = []                              # the pids of the followers it started (`_fork`)
     try:
-        blas.set_threads(cores)              # its share of the cores (ProcessGroup)
         if shared is not None:             # started ahead (`start`): items hold each chip's rows, not its values
             g = _ahead(conn, items, slot_cycles, trace, shared, followers, forked)
             if g is None:
@@ -54,7 +53,7 @@ def _fork(conn, g, followers, slot_cycles, trace, shared, forked: list) -> None:
     preparation (`share_prepared`, copy-on-write) instead of making it again. Each says its pid
     first (`Follower`); their pids go to `forked` (this process waits for them at its end)."""
     done = [r.program for r in g.runs.values()]
-    for items, child, cores in followers:
+    for items, child in followers:
         for _, p, _ in items:
             share_prepared(p, done)
         pid = os.fork()
@@ -62,7 +61,7 @@ def _fork(conn, g, followers, slot_cycles, trace, shared, forked: list) -> None:
             conn.close()
             try:
                 child.send(("pid", os.getpid()))
-                _worker(child, items, slot_cycles, trace, shared, cores)
+                _worker(child, items, slot_cycles, trace, shared)
             finally:
                 os._exit(0)
         forked.append(pid)
@@ -116,13 +115,12 @@ def _ahead(conn, items, slot_cycles, trace, shared, followers=(), forked=None):
 class ProcessGroup:
     """Some chips of a system, run in a local worker process."""
 
-    def __init__(self, items, slot_cycles: int, ctx, trace: bool = False, shared=None, workers: int = 1,
-                 followers=()):
+    def __init__(self, items, slot_cycles: int, ctx, trace: bool = False, shared=None, followers=()):
         self.conn, child = ctx.Pipe()
         if ctx.get_start_method() != "fork":       # pickled: without the parent's prepared state
             items = [(c, dataclasses.replace(p), v) for c, p, v in items]
-        self.proc = ctx.Process(target=_worker, args=(child, items, slot_cycles, trace, shared, cores(workers),
-                                                      [(f.items, f.child, cores(workers)) for f in followers]),
+        self.proc = ctx.Process(target=_worker, args=(child, items, slot_cycles, trace, shared,
+                                                      [(f.items, f.child) for f in followers]),
                                 daemon=True)
         self.proc.start()
         for f in followers:                  # the child's end is the worker's now (an EOF if it fails)
@@ -168,11 +166,6 @@ class ProcessGroup:
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join()
-
-
-def cores(workers: int) -> int:
-    """BLAS threads of a worker: the workers share the cores."""
-    return max(1, (os.cpu_count() or 1) // workers)
 
 
 class Follower(ProcessGroup):
@@ -259,7 +252,7 @@ class Started:
         followers = [Follower(items[g::n], ctx) for g in range(1, n)]
         self.groups = []
         try:
-            self.groups.append(ProcessGroup(items[0::n], sp.system.slot_cycles, ctx, trace, self.arrays, n, followers))
+            self.groups.append(ProcessGroup(items[0::n], sp.system.slot_cycles, ctx, trace, self.arrays, followers))
             self.groups += followers
         except BaseException:
             self.close()

@@ -1,7 +1,7 @@
 """Jitted fast path of the commonest VXM instructions (used by emulator/core.py before
 emulator/arith.py's general `vxm_compute`): ADD, SUB, MUL, DIV, MAX, MIN, CONV and the float
-unary operations (NEG .. GELU: arith.f32_unary itself; TANH and GELU by emulator/vxm_tanh.py, the
-same bits a vector at a time) with f16 or f32 operands and result. The
+unary operations (NEG .. GELU: arith.f32_unary itself, a vector at a time) with f16 or f32
+operands and result. The
 same arithmetic as arith (float32 operations, NaN rules of f32_binary, f32 -> f16 by
 f32_bits_to_f16, lanes >= nv zero), with the dtype and operation
 branches taken once per vector instead of once per lane; anything else goes to arith.
@@ -11,10 +11,9 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from lpu.emulator.arith import (C_ABS, C_ADD, C_DIV, C_EXP, C_GELU, C_LOG, C_MAX, C_MIN, C_MUL, C_NEG, C_RELU,
+from lpu.emulator.arith import (C_ABS, C_ADD, C_CONV, C_DIV, C_EXP, C_GELU, C_LOG, C_MAX, C_MIN, C_MUL, C_NEG, C_RELU,
                                 C_RSQRT, C_SIGMOID, C_SILU, C_SQRT, C_SUB, C_TANH, D_F16, D_F32, f16_value,
                                 f32_bits_to_f16, f32_unary)
-from lpu.emulator.vxm_tanh import gelu_vec, tanh_vec
 
 
 @intrinsic
@@ -75,31 +74,33 @@ def _each(op, fa, lanes):
 @njit(cache=True, error_model="numpy")
 def _unary(op, fa, lanes):
     """fa[:lanes] <- arith.f32_unary(op, fa), a loop of its own for each operation (with the
-    operation a constant there: one loop with a branch a lane does not vectorize, and EXP's
-    and RSQRT's got 3x slower when f32_unary grew tanhf)."""
+    operation a constant there, f32_unary's other branches fold away and the loop vectorizes:
+    TANH and GELU, fdlibm's tanhf without a branch (emulator/vxm_tanh.py), 5.2 -> 1.4 us a
+    320-lane GELU; one loop with a branch a lane made EXP and RSQRT 3x slower)."""
     if op == C_GELU:
-        gelu_vec(fa, lanes)
+        _each(C_GELU, fa, lanes)
     elif op == C_TANH:
-        tanh_vec(fa, lanes)
+        _each(C_TANH, fa, lanes)
+    elif op == C_EXP:
+        _each(C_EXP, fa, lanes)
+    elif op == C_RSQRT:
+        _each(C_RSQRT, fa, lanes)
     elif op == C_NEG:
         _each(C_NEG, fa, lanes)
     elif op == C_ABS:
         _each(C_ABS, fa, lanes)
     elif op == C_RELU:
         _each(C_RELU, fa, lanes)
-    elif op == C_EXP:
-        _each(C_EXP, fa, lanes)
     elif op == C_LOG:
         _each(C_LOG, fa, lanes)
     elif op == C_SQRT:
         _each(C_SQRT, fa, lanes)
-    elif op == C_RSQRT:
-        _each(C_RSQRT, fa, lanes)
     elif op == C_SIGMOID:
         _each(C_SIGMOID, fa, lanes)
     elif op == C_SILU:
         _each(C_SILU, fa, lanes)
-    # CONV: the value itself
+    elif op != C_CONV:          # (CONV: the value itself) any other: the same arithmetic, one loop
+        _each(op, fa, lanes)
 
 
 @njit(cache=True, error_model="numpy")

@@ -112,19 +112,3 @@ def tanh_lane(x):
     y = x * (ONE + x) if ix < 0x24000000 else y                # |x| < 2^-55 (and 0)
     inv = ONE / x
     return (inv + ONE if jx >= 0 else inv - ONE) if ix >= 0x7F800000 else y
-
-
-@njit(cache=True, error_model="numpy")
-def tanh_vec(x, n):
-    """x[:n] <- tanh(x), in place (one array: no overlap check keeps the loop scalar)."""
-    for l in range(n):
-        x[l] = tanh_lane(x[l])
-
-
-@njit(cache=True, error_model="numpy")
-def gelu_vec(x, n):
-    """x[:n] <- GELU(x) as arith.f32_unary computes it, in place."""
-    for l in range(n):
-        v = x[l]
-        inner = _F(0.7978845608) * (v + _F(0.044715) * (v * v * v))
-        x[l] = HALF * v * (ONE + tanh_lane(inner))

@@ -286,25 +286,9 @@ def test_the_core_finds_numpys_blas():
     assert blas.dgemm_address() != 0
 
 
-def _threads_after(n: int) -> int:
-    assert blas.set_threads(n)
-    lib = next(blas._openblas())
-    return int(getattr(lib, "scipy_openblas_get_num_threads64_")())
-
-
-def test_a_system_worker_sets_its_blas_threads():
-    """A system's worker process sets numpy's OpenBLAS to its share of the cores
-    (emulator/system.py, blas.set_threads): here, in a forked process, to 1 and to 2."""
-    if not blas.dgemm_address() or not hasattr(next(blas._openblas()), "scipy_openblas_get_num_threads64_"):
-        pytest.skip("numpy's BLAS is not the OpenBLAS of numpy's wheels")
-    import multiprocessing as mp
-    with mp.get_context("fork").Pool(1) as pool:
-        assert [pool.apply(_threads_after, (n,)) for n in (1, 2)] == [1, 2]
-
-
 def _one_thread_inside_and_after(n: int) -> tuple:
-    assert blas.set_threads(n)
-    get = blas._thread_calls()[0]
+    get, set_ = blas._thread_calls()
+    set_(n)
     with blas.one_thread():
         inside = int(get())
     return inside, int(get())

@@ -1,5 +1,5 @@
-"""Compare emulator/vxm_tanh.py's vector tanh with libm's tanhf (Numba's np.tanh, which
-arith.f32_unary called before) on every float32 bit pattern, or on every `--step`-th one: the proof
+"""Compare the VXM fast path's vector tanh (emulator/vxm_fast.py over vxm_tanh.tanh_lane) with
+libm's tanhf (Numba's np.tanh, which arith.f32_unary called before) on every float32 bit pattern, or on every `--step`-th one: the proof
 that the VXM's TANH and GELU kept their bits (all 2^32 inputs: ~75 s of CPU).
 python -m tools.check_tanh [--step N] (from the repository root)"""
 import argparse
@@ -9,7 +9,8 @@ import time
 import numpy as np
 from numba import njit
 
-from lpu.emulator.vxm_tanh import tanh_vec
+from lpu.emulator.arith import C_TANH
+from lpu.emulator.vxm_fast import _unary
 
 
 @njit
@@ -31,7 +32,7 @@ def first_mismatch(bits):
     want = np.empty_like(x)
     _libm(x, want)
     got = x.copy()
-    tanh_vec(got, got.shape[0])
+    _unary(C_TANH, got, got.shape[0])
     bad = np.flatnonzero(want.view(np.uint32) != got.view(np.uint32))
     if bad.size == 0:
         return None
