@@ -285,29 +285,28 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na):
     the contract's results (the other columns are exact zeros: `support`): keep round(y) where
     it is provably the rounding of the exact sum, recompute the rest exactly over the lanes
     act[:na] (`support`). Returns how many elements were recomputed. Two proofs (wnorm:
-    `column_norms`, wnorm[0] the column norms, wnorm[1] the column grains):
+    `column_norms`, wnorm[0] the column norms, wnorm[1] each norm over its column's grain):
     - exact: the products of x[b] and w[:, n] are multiples of g = grain(x[b]) grain(w[:, n]) (powers
       of two), and sum |p| <= |x[b]|_2 |w[:, n]|_2 (Cauchy-Schwarz); where that is at most 2^53 g,
-      every partial sum, in any order and grouping, is a multiple of g below 2^53 g: exact, so y is
-      the exact sum (ties and values on an f32 boundary included);
+      i.e. |x[b]|_2 (|w[:, n]|_2 / grain(w[:, n])) <= 2^53 grain(x[b]) (the quotients by powers of
+      two are exact), every partial sum, in any order and grouping, is a multiple of g below
+      2^53 g: exact, so y is the exact sum (ties and values on an f32 boundary included);
     - bounded: the error of any order's float64 sum of the na products is at most
       (na - 1) 2^-53 / (1 - na 2^-53) sum |p| <= e = na 2^-53 |x[b]|_2 |w[:, n]|_2; where
       f32(y - e) == f32(y + e), rounding being monotone, the exact sum rounds to that f32.
     A row whose products are proved exact in every column at once (|x[b]|_2 r <= 2^53 grain(x[b])
-    with r the largest |w[:, n]|_2 / grain(w[:, n]), a quotient by a power of two: exact, so each
-    column's own test holds too) is only rounded. Else, per row, one branch-free pass that
-    vectorizes marks the doubtful elements; a second visits them only if there are any.)"""
-    k = w.shape[0]
-    cs = split_scale(k)
+    with r the largest wnorm[1] of the columns, so each column's own test holds too) is only
+    rounded. Else, per row, one branch-free pass that vectorizes rounds the proved elements and
+    marks the doubtful ones NaN; a second recomputes them only if there are any. (The quotients are
+    `column_norms`' at IW, not divided here per call: a short batch's settling was ~1.1 us a
+    call of 320 divisions and a scratch array, with ~0.07 us a row.)"""
+    cs = split_scale(w.shape[0])
     c = na * 2.0 ** -MANTISSA
     redo = 0
-    doubt = np.zeros(max(chi - clo, 0), np.uint8)
-    wn, wg = wnorm[0, clo:chi], wnorm[1, clo:chi]
-    ratio, finite = 0.0, True
+    wn, wr = wnorm[0, clo:chi], wnorm[1, clo:chi]
+    ratio = 0.0
     for m in range(chi - clo):
-        r = wn[m] / wg[m]
-        finite &= r < np.inf
-        ratio = max(ratio, r)
+        ratio = max(ratio, wr[m])           # +inf for a non-finite column (`column_norms`)
     xbits = x.view(np.int64)
     for b in range(n):
         xb = x[b]
@@ -316,23 +315,22 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na):
         xe = xn * c
         xg = 2.0 ** MANTISSA * (grain_of_bits(small) if small < F64_INF else 1.0)
         yb = y[b, clo:chi]
-        if finite and xn * ratio <= xg:
+        if xn * ratio <= xg:
             for m in range(chi - clo):
                 yb[m] = np.float64(np.float32(yb[m])) + 0.0
             continue
         nd = 0
-        for m in range(chi - clo):
+        for m in range(chi - clo):      # a doubtful element is marked NaN (a proved one is finite)
             v = yb[m]
             e = xe * wn[m]
             r = np.float32(v)
-            ok = (((np.float32(v - e) == r) & (np.float32(v + e) == r)) | (xn * wn[m] <= xg * wg[m])) & (
+            ok = (((np.float32(v - e) == r) & (np.float32(v + e) == r)) | (xn * wr[m] <= xg)) & (
                 abs(v) + e < np.inf)
-            doubt[m] = not ok
+            yb[m] = np.float64(r) + 0.0 if ok else np.nan
             nd += not ok
-            yb[m] = np.float64(r) + 0.0
         if nd:
             for m in range(chi - clo):
-                if doubt[m]:
+                if yb[m] != yb[m]:
                     yb[m] = exact_dot(xb, w, clo + m, cs, act, na)
             redo += nd
     return redo
@@ -373,10 +371,12 @@ def _nonzero_bits(b):
 
 @njit(cache=True)
 def column_norms(w, out):
-    """For the float32 weights w: out[0, n] = an upper bound of the 2-norm of w[:, n]; out[1, n] = its
-    grain: the largest power of two that every f16 value of the column is a multiple of (`grain`
-    of its smallest nonzero magnitude, found as the smallest nonzero magnitude bit pattern: an
-    integer min, which vectorizes). One pass over the rows, four a pass. The squares are summed in float32:
+    """For the float32 weights w: out[0, n] = an upper bound of the 2-norm of w[:, n]; out[1, n] =
+    that bound over the column's grain, the largest power of two that every f16 value of the
+    column is a multiple of (`grain` of its smallest nonzero magnitude, found as the smallest
+    nonzero magnitude bit pattern: an integer min, which vectorizes); +inf where the column has
+    a non-finite value (`settle`'s exactness test, here once per IW rather than once a batch).
+    One pass over the rows, four a pass. The squares are summed in float32:
     each is exact there (an f16 square has at most 22 significant bits, an i8 one 14), and a
     float32 sum of K nonnegative terms, in any order and grouping, is within a factor
     (1 + u)^(K - 1) <= 1 + 2 K u (u = 2^-24)
@@ -404,7 +404,8 @@ def column_norms(w, out):
     grow = 1.0 + 2.0 * w.shape[0] * 2.0 ** -24
     for n in range(lanes):
         out[0, n] = np.sqrt(np.float64(acc[n]) * grow) * (1.0 + 2.0 ** -40)
-        out[1, n] = grain(np.float64(smallest[n]))
+        q = out[0, n] / grain(np.float64(smallest[n]))      # exact: a quotient by a power of two
+        out[1, n] = q if q < np.inf else np.inf           # a NaN's column too (no proof: `settle`)
 
 
 def blas_products(x, w, dt, wnorm, wcols):
@@ -454,8 +455,8 @@ def blas_over(fn, x, n, w, dt, y, wbuf, wnorm, act, na, lo, hi):
         y[:n, :lo] = 0.0
         y[:n, hi:] = 0.0
         ws = wbuf[:na, :hi - lo]
-        for j in range(na):
-            row, dst = w[act[j], lo:hi], ws[j]
+        for j in range(na):     # rows of wbuf itself (contiguous: the copy vectorizes; rows of the
+            row, dst = w[act[j], lo:hi], wbuf[j, :hi - lo]     # view ws were strided, 2x slower)
             for m in range(hi - lo):
                 dst[m] = row[m]
         a = act[0]

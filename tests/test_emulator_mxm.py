@@ -255,9 +255,9 @@ def test_flush_sends_a_batch_to_blas_by_its_work_not_its_length():
 
 def test_install_converts_a_buffer_as_the_separate_passes():
     """IW's conversion (mxm.install): the weights as float32, transposed or not, with the column
-    norms and grains of `column_norms` and the row support of `row_support`, for f16 (zero rows
-    and columns, a subnormal, an infinity, a NaN) and i8: what a faster install (one pass, a
-    cache by content) has to keep."""
+    norms and norms over grains of `column_norms` and the row support of `row_support`, for f16
+    (zero rows and columns, a subnormal, an infinity, a NaN) and i8: what a faster install (one
+    pass, a cache by content) has to keep."""
     rng = np.random.default_rng(6)
     lanes = 64
     v = (rng.standard_normal((lanes, lanes)) * 0.1).astype(np.float16)
@@ -274,8 +274,10 @@ def test_install_converts_a_buffer_as_the_separate_passes():
             ref_norms, (ref_cols, _) = np.zeros((2, lanes)), _support(ref)
             mxm.column_norms(ref, ref_norms)
             assert np.array_equal(norms, ref_norms, equal_nan=True) and np.array_equal(wcols, ref_cols)
-            if dt == D_F16:      # the infinity's column, the subnormal's grain
-                assert np.isinf(norms[0, 8 if trans else 1]) and norms[1, 7 if trans else 9] == 2.0**-24
+            if dt == D_F16:      # the infinity's and the NaN's columns, the subnormal's grain
+                inf, nan, sub = (8, 9, 7) if trans else (1, 2, 9)
+                assert np.isinf(norms[0, inf]) and np.isinf(norms[1, inf]) and np.isinf(norms[1, nan])
+                assert norms[1, sub] == norms[0, sub] / 2.0**-24
 
 
 def test_the_core_finds_numpys_blas():
