@@ -455,8 +455,8 @@ def blas_over(fn, x, n, w, dt, y, wbuf, wnorm, act, na, lo, hi):
         y[:n, :lo] = 0.0
         y[:n, hi:] = 0.0
         ws = wbuf[:na, :hi - lo]
-        for j in range(na):     # rows of wbuf itself (contiguous: the copy vectorizes; rows of the
-            row, dst = w[act[j], lo:hi], wbuf[j, :hi - lo]     # view ws were strided, 2x slower)
+        for j in range(na):     # a row of wbuf itself, typed contiguous: the copy vectorizes (a row of
+            row, dst = w[act[j], lo:hi], wbuf[j, :hi - lo]     # the view ws, of any layout, did not: 2x slower)
             for m in range(hi - lo):
                 dst[m] = row[m]
         a = act[0]
