@@ -42,11 +42,7 @@ class ChipRun:
             self.mem = prep.mem
         else:
             self.mem = R.load(program, values, prep, huge=False)
-        self.valid = np.zeros(len(self.mem), np.uint8)
-        self.valid[prep.loaded_rows] = 1
-        for y in program.symbols:
-            if y.kind in ("input", "weight", "const"):
-                self.valid[prep.sym_rows[y.name]] = core.RO_LOADED
+        self.valid = prep.valid0.copy()
         self.hz = np.zeros(8, np.int64)
         self.counters = np.zeros(core.N_COUNTERS, np.int64)
         if prep.workspace is None:

@@ -63,7 +63,7 @@ class Prepared:
     bank_lo: np.ndarray    # int64 [slices, banks]: address of that row
     nrows: int
     sym_rows: dict         # symbol name -> int64 [nvec, width] rows
-    loaded_rows: np.ndarray   # rows that hold a value before cycle 0
+    valid0: np.ndarray     # uint8 [max(nrows, 1)]: the core's row flags (`valid`) at cycle 0, copied by each run
     unloaded_rows: np.ndarray  # the other rows a GATHER/SCATTER reaches (cleared before a run: `indexed_reach`)
     tables: np.ndarray
     ring_size: int
@@ -190,12 +190,17 @@ def prepare(program: Program, schedule) -> Prepared:
     while ring_size < m.n_positions + max(m.latency.values()):
         ring_size *= 2
     loaded = np.concatenate(loaded) if loaded else np.zeros(0, np.int64)
+    valid0 = np.zeros(max(nrows, 1), np.uint8)
+    valid0[loaded] = 1
+    for y in program.symbols:
+        if y.kind in ("input", "weight", "const"):
+            valid0[sym_rows[y.name]] = core.RO_LOADED
     free = indexed_reach(s, uidx, base, lo, m, max(nrows, 1))  # (a mask: setdiff1d hashes every row, seconds on a
     free[loaded] = False                                        # large chip)
     unloaded = np.flatnonzero(free).astype(np.int64)
     cop_i = cop[s.op]
     cop_i[by_reference(s, uidx, base, lo, m, ring_size, nrows)] = core.C_READ_REF
     meta = core.pack_meta(cop_i, cunit[s.op], uidx, upos, s.latency)
-    prep = Prepared(s, meta, base, lo, nrows, sym_rows, loaded, unloaded, tables, ring_size)
+    prep = Prepared(s, meta, base, lo, nrows, sym_rows, valid0, unloaded, tables, ring_size)
     program.__dict__["_emulator_prepared"] = (key, prep)
     return prep

@@ -397,11 +397,7 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) 
     prep = prepare(program, schedule)
     s = prep.sched
     mem = load(program, values, prep)
-    valid = np.zeros(len(mem), np.uint8)
-    valid[prep.loaded_rows] = 1
-    for y in program.symbols:
-        if y.kind in ("input", "weight", "const"):
-            valid[prep.sym_rows[y.name]] = core.RO_LOADED
+    valid = prep.valid0.copy()
     hz = np.zeros(8, np.int64)
     counters = np.zeros(core.N_COUNTERS, np.int64)
     if prep.workspace is None:

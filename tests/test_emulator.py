@@ -335,6 +335,30 @@ def test_mxm(dtype, trans):
     assert 0 < r.utilization["mxm"] <= 1
 
 
+def test_accumulating_onto_an_unwritten_row_finds_zeros_in_every_run():
+    """core.reset clears only the accumulator rows an ABC wrote (core.clear_written): ABCs that
+    accumulate onto rows no ABC of the run wrote find zeros when the prepared program runs
+    again, and a reset after a run leaves every accumulator zero."""
+    from lpu.emulator import core
+    from lpu.emulator.prepare import prepare
+    p = mxm_program("i8")
+    args = p.args.copy()
+    args[p.op == O.ABC, 2] = 1
+    p = dataclasses.replace(p, args=args)
+    first = {"w": rand("i8", (L, L)), "x": rand("i8", (8, L))}
+    second = {"w": rand("i8", (L, L)), "x": rand("i8", (8, L))}
+    run(p, first)
+    again = run(p, second).outputs["z"]
+    fresh = run(dataclasses.replace(p, op=p.op.copy()), second).outputs["z"]
+    x, w = second["x"].astype(np.int32), second["w"].astype(np.int32)
+    np.testing.assert_array_equal(fresh, x[:4] @ w + x[4:] @ w)
+    np.testing.assert_array_equal(again, fresh)
+    ws = prepare(p, schedule).workspace
+    assert ws[9].any()
+    core.reset(ws)
+    assert not ws[9].any()
+
+
 @pytest.mark.parametrize("dtype", ["i8", "f16"])
 def test_half_abc_reads_half_the_lanes_in_half_the_cycles(dtype):
     wv, xv = rand(dtype, (L, L)), rand(dtype, (8, L))
