@@ -1,5 +1,6 @@
 """Jitted MXM arithmetic of the core (emulator/core.py): weight install, the products of pending
-ABCs (`flush`: short batches in lane order, large ones by BLAS, `blas_over`), accumulation.
+ABCs (`flush`: short batches by `products_over`, the sums in emulator/mxm_short.py, large ones by
+BLAS, `blas_over`), accumulation.
 
 The accumulation contract (docs/accumulation.md): an ABC's dot product over the lanes is the
 EXACT sum of the exact products x[k] * w[k, n], rounded once to f32 (nearest even) for f16, or
@@ -26,6 +27,7 @@ from numba import njit
 from lpu.emulator.arith import D_I8, f16_value, wrap32
 from lpu.emulator.blas import dgemm
 from lpu.emulator.core_streams import H_FLUSH
+from lpu.emulator.mxm_short import sums_over
 
 MANTISSA = 53             # bits of a float64 significand
 F16_FRACTION = 10         # bits of an f16 significand after the leading one
@@ -203,103 +205,15 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
                 y[b, m] = exact_dot(x[b], w, m, c, act, w.shape[0])
 
 
-@njit(cache=True, fastmath={"contract"})
+@njit(cache=True)
 def products_over(x, n, w, dt, y, wnorm, wcols, tight, act, na, clo, chi):
-    """y[b, m] for the rows b < n of x: a float64 sum over the lanes act[:na] and the columns
-    [clo, chi) (`support`; every other element is +0), settled for f16 (`settle`, whose bound
-    holds for any order and grouping). Four lanes a pass, four rows at a time (then two, then
-    one): each float32 weight is converted to float64 once for the rows of a pass (the
-    conversion, not the multiply-adds, bounded the loop of one row: 4 conversions a 4-column
-    step against 4 fused multiply-adds; four rows against two: 5.2 vs 6.1 us a batch of 4 rows
-    x 128 lanes x 320 columns, 6.9 vs 7.6 for 5 rows, 42 vs 50 for 16 x 320 x 320), each
-    row's four products added to its sum as a chain of fused multiply-adds; a batch of one row
-    by `row_over`. With `tight` (every operand finite) a group of lanes adds only over its
-    weight rows' nonzero columns (wcols: `row_support`): the products it skips are exact zeros
-    (block-diagonal weights: packed attention heads). Fused multiply-adds (`contract`) give the same bits: every product
-    of two f16 or i8 values is exact in float64, so a*b + c rounds once either way."""
-    for b in range(n):
-        for m in range(w.shape[1]):
-            y[b, m] = 0.0
-    j = 0
-    if n == 1:
-        row_over(x[0], w, y[0], wcols, tight, act, na, clo, chi)
-        j = na
-    while j + 4 <= na:
-        k0, k1, k2, k3 = act[j], act[j + 1], act[j + 2], act[j + 3]
-        lo, hi = clo, chi
-        if tight:
-            lo = max(clo, min(min(wcols[k0, 0], wcols[k1, 0]), min(wcols[k2, 0], wcols[k3, 0])))
-            hi = min(chi, max(max(wcols[k0, 1], wcols[k1, 1]), max(wcols[k2, 1], wcols[k3, 1])))
-        r0, r1, r2, r3 = w[k0, lo:hi], w[k1, lo:hi], w[k2, lo:hi], w[k3, lo:hi]
-        b = 0
-        while b + 4 <= n:
-            x0, x1, x2, x3, yb = x[b, k0], x[b, k1], x[b, k2], x[b, k3], y[b, lo:hi]
-            z0, z1, z2, z3, zb = x[b + 1, k0], x[b + 1, k1], x[b + 1, k2], x[b + 1, k3], y[b + 1, lo:hi]
-            u0, u1, u2, u3, ub = x[b + 2, k0], x[b + 2, k1], x[b + 2, k2], x[b + 2, k3], y[b + 2, lo:hi]
-            v0, v1, v2, v3, vb = x[b + 3, k0], x[b + 3, k1], x[b + 3, k2], x[b + 3, k3], y[b + 3, lo:hi]
-            for m in range(hi - lo):
-                a0, a1, a2, a3 = np.float64(r0[m]), np.float64(r1[m]), np.float64(r2[m]), np.float64(r3[m])
-                yb[m] = x3 * a3 + (x2 * a2 + (x1 * a1 + (x0 * a0 + yb[m])))
-                zb[m] = z3 * a3 + (z2 * a2 + (z1 * a1 + (z0 * a0 + zb[m])))
-                ub[m] = u3 * a3 + (u2 * a2 + (u1 * a1 + (u0 * a0 + ub[m])))
-                vb[m] = v3 * a3 + (v2 * a2 + (v1 * a1 + (v0 * a0 + vb[m])))
-            b += 4
-        if b + 2 <= n:
-            x0, x1, x2, x3, yb = x[b, k0], x[b, k1], x[b, k2], x[b, k3], y[b, lo:hi]
-            z0, z1, z2, z3, zb = x[b + 1, k0], x[b + 1, k1], x[b + 1, k2], x[b + 1, k3], y[b + 1, lo:hi]
-            for m in range(hi - lo):
-                a0, a1, a2, a3 = np.float64(r0[m]), np.float64(r1[m]), np.float64(r2[m]), np.float64(r3[m])
-                yb[m] = x3 * a3 + (x2 * a2 + (x1 * a1 + (x0 * a0 + yb[m])))
-                zb[m] = z3 * a3 + (z2 * a2 + (z1 * a1 + (z0 * a0 + zb[m])))
-            b += 2
-        if b < n:
-            x0, x1, x2, x3, yb = x[b, k0], x[b, k1], x[b, k2], x[b, k3], y[b, lo:hi]
-            for m in range(hi - lo):
-                yb[m] = x3 * r3[m] + (x2 * r2[m] + (x1 * r1[m] + (x0 * r0[m] + yb[m])))
-        j += 4
-    for j in range(j, na):
-        k = act[j]
-        lo, hi = (max(clo, wcols[k, 0]), min(chi, wcols[k, 1])) if tight else (clo, chi)
-        row = w[k, lo:hi]
-        for b in range(n):
-            xk, yb = x[b, k], y[b, lo:hi]
-            for m in range(hi - lo):
-                yb[m] += xk * row[m]
+    """y[b, m] = the contract's results for the rows b < n of x over the `support` (the lanes
+    act[:na], the columns [clo, chi); every other element is +0; tight: every operand finite):
+    the short path's float64 sums (emulator/mxm_short.py), settled for f16 (`settle`, whose bound
+    holds for any order and grouping) or exact already (i8)."""
+    sums_over(x, n, w, y, wcols, tight, act, na, clo, chi)
     if dt != D_I8:
         settle(x, n, w, wnorm, y, clo, chi, act, na)
-
-
-@njit(cache=True, fastmath={"contract"})
-def row_over(x, w, y, wcols, tight, act, na, clo, chi):
-    """y[m] += the float64 sum of x[k] w[k, m] over the lanes act[:na] and the columns [clo, chi)
-    (`products_over` of one row: gpt2_small_decode's batches are mostly one row): eight lanes
-    a pass (each column's eight conversions and fused multiply-adds a chain, its sum loaded and
-    stored once: a row of 320 lanes x 320 columns 5.8 vs 6.2 us four lanes a pass, x 128 columns of
-    block-diagonal weights 2.9 vs 3.2), with `tight` over the eight weight rows' nonzero columns."""
-    j = 0
-    while j + 8 <= na:
-        k0, k1, k2, k3, k4, k5, k6, k7 = (act[j], act[j + 1], act[j + 2], act[j + 3], act[j + 4], act[j + 5],
-                                          act[j + 6], act[j + 7])
-        lo, hi = clo, chi
-        if tight:
-            lo = max(clo, min(min(min(wcols[k0, 0], wcols[k1, 0]), min(wcols[k2, 0], wcols[k3, 0])),
-                              min(min(wcols[k4, 0], wcols[k5, 0]), min(wcols[k6, 0], wcols[k7, 0]))))
-            hi = min(chi, max(max(max(wcols[k0, 1], wcols[k1, 1]), max(wcols[k2, 1], wcols[k3, 1])),
-                              max(max(wcols[k4, 1], wcols[k5, 1]), max(wcols[k6, 1], wcols[k7, 1]))))
-        r0, r1, r2, r3 = w[k0, lo:hi], w[k1, lo:hi], w[k2, lo:hi], w[k3, lo:hi]
-        r4, r5, r6, r7 = w[k4, lo:hi], w[k5, lo:hi], w[k6, lo:hi], w[k7, lo:hi]
-        x0, x1, x2, x3, x4, x5, x6, x7 = x[k0], x[k1], x[k2], x[k3], x[k4], x[k5], x[k6], x[k7]
-        yb = y[lo:hi]
-        for m in range(hi - lo):
-            yb[m] = x7 * r7[m] + (x6 * r6[m] + (x5 * r5[m] + (x4 * r4[m] + (
-                x3 * r3[m] + (x2 * r2[m] + (x1 * r1[m] + (x0 * r0[m] + yb[m])))))))
-        j += 8
-    for j in range(j, na):
-        k = act[j]
-        lo, hi = (max(clo, wcols[k, 0]), min(chi, wcols[k, 1])) if tight else (clo, chi)
-        row, xk, yb = w[k, lo:hi], x[k], y[lo:hi]
-        for m in range(hi - lo):
-            yb[m] += xk * row[m]
 
 
 @njit(cache=True, fastmath={"reassoc"})
