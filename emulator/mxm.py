@@ -1,5 +1,6 @@
 """Jitted MXM arithmetic of the core (emulator/core.py): weight install, the products of pending
-ABCs (`flush`: short batches in lane order, large ones by BLAS, `blas_over`), accumulation.
+ABCs (`flush`: short batches by `products_over`, the sums in emulator/mxm_short.py, large ones by
+BLAS, `blas_over`), accumulation.
 
 The accumulation contract (docs/accumulation.md): an ABC's dot product over the lanes is the
 EXACT sum of the exact products x[k] * w[k, n], rounded once to f32 (nearest even) for f16, or
@@ -26,6 +27,7 @@ from numba import njit
 from lpu.emulator.arith import D_I8, f16_value, wrap32
 from lpu.emulator.blas import dgemm
 from lpu.emulator.core_streams import H_FLUSH
+from lpu.emulator.mxm_short import sums_over
 
 MANTISSA = 53             # bits of a float64 significand
 F16_FRACTION = 10         # bits of an f16 significand after the leading one
@@ -203,51 +205,13 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
                 y[b, m] = exact_dot(x[b], w, m, c, act, w.shape[0])
 
 
-@njit(cache=True, fastmath={"contract"})
+@njit(cache=True)
 def products_over(x, n, w, dt, y, wnorm, wcols, tight, act, na, clo, chi):
-    """y[b, m] for the rows b < n of x: a float64 sum over the lanes act[:na] and the columns
-    [clo, chi) (`support`; every other element is +0), settled for f16 (`settle`, whose bound
-    holds for any order and grouping). Four lanes a pass, two rows at a time: each float32 weight
-    is converted to float64 once for both rows (the conversion, not the multiply-adds, bounded
-    the loop of one row: 4 conversions a 4-column step against 4 fused multiply-adds), each
-    row's four products added to its sum as a chain of fused multiply-adds. With `tight`
-    (every operand finite) a group of lanes adds only over its weight rows' nonzero columns
-    (wcols: `row_support`): the products it skips are exact zeros (block-diagonal weights:
-    packed attention heads). Fused multiply-adds (`contract`) give the same bits: every product
-    of two f16 or i8 values is exact in float64, so a*b + c rounds once either way."""
-    for b in range(n):
-        for m in range(w.shape[1]):
-            y[b, m] = 0.0
-    j = 0
-    while j + 4 <= na:
-        k0, k1, k2, k3 = act[j], act[j + 1], act[j + 2], act[j + 3]
-        lo, hi = clo, chi
-        if tight:
-            lo = max(clo, min(min(wcols[k0, 0], wcols[k1, 0]), min(wcols[k2, 0], wcols[k3, 0])))
-            hi = min(chi, max(max(wcols[k0, 1], wcols[k1, 1]), max(wcols[k2, 1], wcols[k3, 1])))
-        r0, r1, r2, r3 = w[k0, lo:hi], w[k1, lo:hi], w[k2, lo:hi], w[k3, lo:hi]
-        b = 0
-        while b + 2 <= n:
-            x0, x1, x2, x3, yb = x[b, k0], x[b, k1], x[b, k2], x[b, k3], y[b, lo:hi]
-            z0, z1, z2, z3, zb = x[b + 1, k0], x[b + 1, k1], x[b + 1, k2], x[b + 1, k3], y[b + 1, lo:hi]
-            for m in range(hi - lo):
-                a0, a1, a2, a3 = np.float64(r0[m]), np.float64(r1[m]), np.float64(r2[m]), np.float64(r3[m])
-                yb[m] = x3 * a3 + (x2 * a2 + (x1 * a1 + (x0 * a0 + yb[m])))
-                zb[m] = z3 * a3 + (z2 * a2 + (z1 * a1 + (z0 * a0 + zb[m])))
-            b += 2
-        if b < n:
-            x0, x1, x2, x3, yb = x[b, k0], x[b, k1], x[b, k2], x[b, k3], y[b, lo:hi]
-            for m in range(hi - lo):
-                yb[m] = x3 * r3[m] + (x2 * r2[m] + (x1 * r1[m] + (x0 * r0[m] + yb[m])))
-        j += 4
-    for j in range(j, na):
-        k = act[j]
-        lo, hi = (max(clo, wcols[k, 0]), min(chi, wcols[k, 1])) if tight else (clo, chi)
-        row = w[k, lo:hi]
-        for b in range(n):
-            xk, yb = x[b, k], y[b, lo:hi]
-            for m in range(hi - lo):
-                yb[m] += xk * row[m]
+    """y[b, m] = the contract's results for the rows b < n of x over the `support` (the lanes
+    act[:na], the columns [clo, chi); every other element is +0; tight: every operand finite):
+    the short path's float64 sums (emulator/mxm_short.py), settled for f16 (`settle`, whose bound
+    holds for any order and grouping) or exact already (i8)."""
+    sums_over(x, n, w, y, wcols, tight, act, na, clo, chi)
     if dt != D_I8:
         settle(x, n, w, wnorm, y, clo, chi, act, na)
 

@@ -334,10 +334,10 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
                        cycle, qname, src, op.name, line, HAZARD_KIND[kind], expected)
 
 
-BULK_WORK = 1 << 21    # batches of this many multiply-adds or more are multiplied out with BLAS (mxm.flush): a
-                       # BLAS call pays ~100 us (the weights' float64 copy, packing) that the short path does not:
-                       # in-core BLAS against the short path, one batch of n rows x 320 lanes x 320 columns: n = 16
-                       # 139 vs 92 us, n = 32 226 vs 182, n = 64 394 vs 766 (half ABCs: n = 24 93 vs 82, 64 198 vs 225)
+BULK_WORK = 1 << 24    # batches of this many multiply-adds or more are multiplied out with BLAS (mxm.flush): none
+                       # on tsp-v1 (at most 128 x 320 x 320), where the short path (emulator/mxm_short.py) is the
+                       # faster at every size: n rows x 320 lanes x 320 columns settled, short vs in-core BLAS, n = 16
+                       # 46 vs 109 us, 32 89 vs 170, 64 165 vs 295, 128 339 vs 1338 (docs/accumulation.md)
 
 
 def _bulk(ws, plane: int) -> None:
