@@ -49,6 +49,43 @@ def dgemm_address() -> int:
     return 0
 
 
+AVX512_KERNELS = ("skylakex", "cooperlake", "sapphirerapids")   # OpenBLAS kernels with 512-bit vectors
+
+
+@functools.cache
+def kernel_name() -> str:
+    """The name of the kernel numpy's OpenBLAS runs on this CPU ("Haswell", "SkylakeX", ...), or ""."""
+    for lib in _openblas():
+        for name in ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename"):
+            if hasattr(lib, name):
+                fn = getattr(lib, name)
+                fn.restype = ctypes.c_char_p
+                return (fn() or b"").decode("ascii", "replace")
+    return ""
+
+
+def jit_has_avx512() -> bool:
+    """Whether Numba compiles the core for a CPU with 512-bit vectors (AVX-512F)."""
+    from numba.core import config
+    if config.CPU_NAME and config.CPU_NAME != "host":
+        return False
+    import llvmlite.binding as ll
+    return bool(ll.get_host_cpu_features().get("avx512f", False))
+
+
+@functools.cache
+def bulk_work() -> int:
+    """The multiply-adds from which a batch of ABCs goes to BLAS (mxm.flush; run.BULK_WORK): 2^24 (no
+    tsp-v1 batch: at most 128 x 320 x 320) where the core's jitted short path (emulator/mxm_short.py)
+    has 512-bit fused multiply-adds and numpy's OpenBLAS a narrower kernel: on an AMD Zen 5 (OpenBLAS
+    0.3.31 runs its Haswell kernel there), settled batches of n x 320 x 320 took 46 vs 109 us on the
+    short path against BLAS (n = 16), 165 vs 295 (64), 339 vs 1338 (128), and bert_base L=1 0.87x CPU
+    a run against 2^21. Else 2^21: on 256-bit hosts BLAS was the faster from ~16 full rows."""
+    if jit_has_avx512() and not any(k in kernel_name().lower() for k in AVX512_KERNELS):
+        return 1 << 24
+    return 1 << 21
+
+
 THREAD_SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads")
 THREAD_GETTERS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
 

@@ -334,10 +334,9 @@ def _hazard(program: Program, s: Schedule, hz: np.ndarray) -> HazardError:
                        cycle, qname, src, op.name, line, HAZARD_KIND[kind], expected)
 
 
-BULK_WORK = 1 << 24    # batches of this many multiply-adds or more are multiplied out with BLAS (mxm.flush): none
-                       # on tsp-v1 (at most 128 x 320 x 320), where the short path (emulator/mxm_short.py) is the
-                       # faster at every size: n rows x 320 lanes x 320 columns settled, short vs in-core BLAS, n = 16
-                       # 46 vs 109 us, 32 89 vs 170, 64 165 vs 295, 128 339 vs 1338 (docs/accumulation.md)
+BULK_WORK = None       # batches of this many multiply-adds or more are multiplied out with BLAS (mxm.flush);
+                       # None: by host, blas.bulk_work() (2^24 where the jitted short path has wider vectors than
+                       # numpy's BLAS kernel: no tsp-v1 batch, at most 128 x 320 x 320, goes to BLAS; else 2^21)
 
 
 def _bulk(ws, plane: int) -> None:
@@ -354,7 +353,8 @@ def _bulk(ws, plane: int) -> None:
 def bulk_args(bulk: bool) -> np.ndarray:
     """mxm.flush's `bulk`: (multiply-adds from which a batch goes to BLAS, the core's dgemm or 0);
     (0, 0): every batch on the exact row path."""
-    return np.array([BULK_WORK, blas.dgemm_address()] if bulk else [0, 0], np.int64)
+    work = BULK_WORK if BULK_WORK is not None else blas.bulk_work()
+    return np.array([work, blas.dgemm_address()] if bulk else [0, 0], np.int64)
 
 
 def _unwritten_output(program: Program, prep, valid: np.ndarray, cycles: int) -> HazardError | None:

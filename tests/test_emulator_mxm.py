@@ -366,3 +366,12 @@ def test_column_norms_bound_the_norms_from_above():
     for n in range(w.shape[1]):
         exact = math.sqrt(math.fsum(float(v) ** 2 for v in w[:, n].astype(np.float64)))
         assert exact <= out[0, n] <= exact * (1 + 1e-4), n
+
+
+@pytest.mark.parametrize("avx512,kernel,work", [(True, "Haswell", 1 << 24), (True, "SkylakeX", 1 << 21),
+                                                (False, "Haswell", 1 << 21), (True, "", 1 << 24)])
+def test_bulk_work_by_host(monkeypatch, avx512, kernel, work):
+    """Batches go to BLAS only where its kernel is as wide as the core's jitted short path."""
+    monkeypatch.setattr(blas, "jit_has_avx512", lambda: avx512)
+    monkeypatch.setattr(blas, "kernel_name", lambda: kernel)
+    assert blas.bulk_work.__wrapped__() == work
