@@ -100,6 +100,8 @@ def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo
 @njit(cache=True, inline="always")
 def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring, f16tab,
              sa, sb, so, fa, fb, ia, u32, f32v, hz, counters):
+    """One VXM instruction: vxm_fast reads the operands' planes where they lie and writes the result
+    into its ring slot; arith.vxm_compute (the rest) goes through the scratch planes sa, sb, so."""
     binary = op >= C_ADD and op <= C_MIN
     bref, cut, imm, bimm = 0, 0, 0, 0
     if binary:
@@ -301,6 +303,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
 
 @njit(cache=True, inline="always")
 def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, hz, counters):
+    """One SXM instruction, from the source's planes into the result's slot or a transpose buffer."""
     counters[K_SXM_BUSY] += 1
     if op == C_TPOUT:
         buf, col, ref = a[0], a[1], a[2]
