@@ -33,7 +33,8 @@ from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, pre
     N_COUNTERS, ORD_ACCUM_READ, ORD_ACC_EMPTY, ORD_NEVER_READ, ORD_NOT_INSTALLED, ORD_RELOAD,
     ORD_RESET_UNREAD, ORD_STALE, RO_CLOBBERED, RO_LOADED, TRANSPOSE_BUFFERS, UNIT_CODE, U_C2C, U_MEM,
     U_MXM, U_SXM, U_VXM, copy_run, diagonal, first_unread, operand_error, order_done, order_hazard, ref_ok,
-    stream_read, stream_write, zero_run,
+    slot_plane, stream_claim, stream_plane, stream_planes, stream_read, stream_slot_planes, stream_take,
+    stream_write, zero_run,
 )
 from lpu.emulator.core_links import L_ON, c2c_exec
 from lpu.emulator.mxm import flush, install
@@ -99,6 +100,8 @@ def mem_exec(op, a, s, p, t, ex, lat, spd, naddr, mem, valid, bank_base, bank_lo
 @njit(cache=True, inline="always")
 def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring, f16tab,
              sa, sb, so, fa, fb, ia, u32, f32v, hz, counters):
+    """One VXM instruction: vxm_fast reads the operands' planes where they lie and writes the result
+    into its ring slot; arith.vxm_compute (the rest) goes through the scratch planes sa, sb, so."""
     binary = op >= C_ADD and op <= C_MIN
     bref, cut, imm, bimm = 0, 0, 0, 0
     if binary:
@@ -119,16 +122,31 @@ def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring, f16tab,
         if used and (ref < 0 or ref >> 8 >= 5 or not ref_ok(ref, WIDTH[(ref >> 8) % 5], spd)):
             return operand_error(hz, f, ref)
     adt, bdt, odt = aref >> 8, bref >> 8, oref >> 8
-    if reads_a and not stream_read(aref, WIDTH[adt], p, t, ring, sa, hz):
+    wa, wb, wo = WIDTH[adt] if reads_a else 1, WIDTH[bdt] if reads_b else 1, WIDTH[odt]
+    sla = stream_take(aref, wa, p, t, ring, hz) if reads_a else 0
+    if sla < 0:
         return False
-    if reads_b and not stream_read(bref, WIDTH[bdt], p, t, ring, sb, hz):
+    slb = stream_take(bref, wb, p, t, ring, hz) if reads_b else 0
+    if slb < 0:
         return False
-    if vxm_fast.handles(op, adt, bdt, bimm, odt):
-        vxm_fast.compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, lanes, fa, fb, u32, f32v, so)
-    else:
-        vxm_compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, so)
     counters[K_VXM_BUSY] += 1
-    return stream_write(oref, WIDTH[odt], p, t + lat, ex, ring, so, hz)
+    slo = stream_claim(oref, wo, p, t + lat, ex, ring, hz)
+    if slo < 0:
+        return False
+    if vxm_fast.handles(op, adt, bdt, bimm, odt):     # the operands' planes where they lie, the result into its slot
+        pa = stream_planes(ring, aref, wa, sla) if reads_a else stream_planes(ring, oref, wo, slo)
+        pb = stream_planes(ring, bref, wb, slb) if reads_b else pa
+        vxm_fast.compute(op, pa, adt, pb, bdt, bimm, imm, odt, nv, lanes, fa, fb, u32, f32v,
+                         stream_slot_planes(ring, oref, wo, slo))
+        return True
+    for b in range(wa if reads_a else 0):
+        copy_run(stream_plane(ring, aref, b, sla), sa[b])
+    for b in range(wb if reads_b else 0):
+        copy_run(stream_plane(ring, bref, b, slb), sb[b])
+    vxm_compute(op, sa, adt, sb, bdt, bimm, imm, odt, nv, cut, lanes, f16tab, fa, fb, ia, u32, f32v, so)
+    for b in range(wo):
+        copy_run(so[b], slot_plane(ring, oref, b, slo))
+    return True
 
 
 @njit(cache=True)
@@ -285,7 +303,8 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
 
 
 @njit(cache=True, inline="always")
-def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz, counters):
+def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, hz, counters):
+    """One SXM instruction, from the source's planes into the result's slot or a transpose buffer."""
     counters[K_SXM_BUSY] += 1
     if op == C_TPOUT:
         buf, col, ref = a[0], a[1], a[2]
@@ -307,16 +326,20 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
         if buf < 0 or buf + w > TRANSPOSE_BUFFERS:
             return operand_error(hz, 0 if op == C_TPOUT else 1, buf)
         if op == C_TPIN:
-            if not stream_read(ref, w, p, t, ring, sa, hz):
+            slot = stream_take(ref, w, p, t, ring, hz)
+            if slot < 0:
                 return False
             for b in range(w):
-                copy_run(sa[b], tbuf[h, buf + b, row])
+                copy_run(stream_plane(ring, ref, b, slot), tbuf[h, buf + b, row])
             return True
+        slot = stream_claim(ref, w, p, t + lat, ex, ring, hz)
+        if slot < 0:
+            return False
         for b in range(w):
-            t_, y = tbuf[h, buf + b], so[b]
+            t_, y = tbuf[h, buf + b], slot_plane(ring, ref, b, slot)
             for l in range(lanes):
                 y[l] = t_[l, col]
-        return stream_write(ref, w, p, t + lat, ex, ring, so, hz)
+        return True
     oref, k = a[1], a[2]
     if oref < 0 or oref >> 8 != dt or not ref_ok(oref, w, spd):
         return operand_error(hz, 1, oref)
@@ -324,10 +347,14 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
         return operand_error(hz, 2, k)
     if op == C_DISTRIBUTE and (k < 0 or k >= lanes):
         return operand_error(hz, 2, k)
-    if not stream_read(ref, w, p, t, ring, sa, hz):
+    sli = stream_take(ref, w, p, t, ring, hz)
+    if sli < 0:
         return False
-    for b in range(w):     # (SHIFT and ROTATE as runs from 0 over views: loops that vectorize)
-        x, y = sa[b], so[b]
+    slo = stream_claim(oref, w, p, t + lat, ex, ring, hz)
+    if slo < 0:
+        return False
+    for b in range(w):     # from the source's plane into the slot's (SHIFT and ROTATE as runs from 0 over views: loops that vectorize)
+        x, y = stream_plane(ring, ref, b, sli), slot_plane(ring, oref, b, slo)
         if op == C_SHIFT:
             lo, hi = min(max(k, 0), lanes), max(min(lanes + k, lanes), 0)
             for l in range(lo):
@@ -346,7 +373,7 @@ def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, sa, so, hz
         else:
             for l in range(lanes):
                 y[l] = x[k]
-    return stream_write(oref, w, p, t + lat, ex, ring, so, hz)
+    return True
 
 
 # An instruction's dispatch fields in one int64 (`pack_meta`, once per program: the loop streams
@@ -533,7 +560,7 @@ def _loop(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles, naddr, bank
             ok = c2c_exec(op, a[0], ui, p, t, i, spd, ring, lk_ctl, lk_last, out_link, out_cycle, out_pay,
                           in_arrival, in_pay, in_head, in_tail, sa, hz)
         else:
-            ok = sxm_exec(op, a, ui, p, t, i, li, lanes, spd, tables, ring, tbuf, sa, so, hz, counters)
+            ok = sxm_exec(op, a, ui, p, t, i, li, lanes, spd, tables, ring, tbuf, hz, counters)
         if not ok:
             if hz[0] == H_FLUSH or hz[0] == H_C2C:
                 return i

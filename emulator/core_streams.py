@@ -78,9 +78,10 @@ def diagonal(ref, q, c, size):
 
 
 @njit(cache=True, inline="always")
-def stream_read(ref, w, q, c, ring, dst, hz):
-    """Read w byte planes of ref at position q in cycle c into dst; False on a hazard."""
-    ring_tag, ring_ref, ring_pay, mem = ring
+def stream_take(ref, w, q, c, ring, hz):
+    """Read w byte planes of ref at position q in cycle c without copying them: the checks and
+    read marks of `stream_read`; the ring slot (its planes then `stream_plane`), -1 on a hazard."""
+    ring_tag = ring[0]
     d, s, k, slot = diagonal(ref, q, c, ring_tag.shape[2])
     for b in range(w):
         tag = ring_tag[d, s + b, slot]
@@ -91,20 +92,47 @@ def stream_read(ref, w, q, c, ring, dst, hz):
             hz[4] = s + b
             hz[5] = k
             hz[6] = wpos if tag >> TAG_SHIFT == k else -1
-            return False
+            return -1
     for b in range(w):
         ring_tag[d, s + b, slot] |= 1
-        row = (ring_ref[d, s + b, slot] & REF_ROW) - 1
-        copy_run(ring_pay[d, s + b, slot] if row < 0 else mem[row], dst[b])
+    return slot
+
+
+@njit(cache=True, inline="always")
+def stream_plane(ring, ref, b, slot):
+    """Byte plane b of the value in ring slot `slot` of ref (from `stream_take`): its payload,
+    or the SRAM row it refers to."""
+    _, ring_ref, ring_pay, mem = ring
+    d, s = (ref >> 6) & 3, (ref & 63) + b
+    row = (ring_ref[d, s, slot] & REF_ROW) - 1
+    return ring_pay[d, s, slot] if row < 0 else mem[row]
+
+
+@njit(cache=True, inline="always")
+def stream_planes(ring, ref, w, slot):
+    """The four byte planes of a value of w planes (`stream_plane`; the planes past w repeat the
+    last: never read), a tuple for emulator/vxm_fast.py."""
+    return (stream_plane(ring, ref, 0, slot), stream_plane(ring, ref, min(1, w - 1), slot),
+            stream_plane(ring, ref, min(2, w - 1), slot), stream_plane(ring, ref, min(3, w - 1), slot))
+
+
+@njit(cache=True, inline="always")
+def stream_read(ref, w, q, c, ring, dst, hz):
+    """Read w byte planes of ref at position q in cycle c into dst; False on a hazard."""
+    slot = stream_take(ref, w, q, c, ring, hz)
+    if slot < 0:
+        return False
+    for b in range(w):
+        copy_run(stream_plane(ring, ref, b, slot), dst[b])
     return True
 
 
 @njit(cache=True, inline="always")
-def stream_write(ref, w, p, c, ex, ring, src, hz, row=-1):
-    """Put w byte planes of src on ref at position p in cycle c (writer execution index ex);
-    or (w = 1, row >= 0) a reference to SRAM row `row` of `mem`, which every reader copies
-    (a READ whose row nothing can change while its value is on the stream: C_READ_REF)."""
-    ring_tag, ring_ref, ring_pay, _ = ring
+def stream_claim(ref, w, p, c, ex, ring, hz, row=-1):
+    """Take the ring slot of w byte planes of ref at position p in cycle c for writer ex (the
+    checks and fields of `stream_write`): the slot, whose payload planes
+    ring_pay[d, s + b, slot] the writer then fills, or -1 on a hazard."""
+    ring_tag, ring_ref = ring[0], ring[1]
     d, s, k, slot = diagonal(ref, p, c, ring_tag.shape[2])
     for b in range(w):
         tag = ring_tag[d, s + b, slot]
@@ -112,12 +140,38 @@ def stream_write(ref, w, p, c, ex, ring, src, hz, row=-1):
         if old == k or (tag != EMPTY_TAG and tag & 1 == 0):   # written twice, or never read
             hz[0], hz[3], hz[4], hz[5], hz[6] = H_TWO_WRITERS if old == k else H_UNREAD, d, s + b, old, \
                 ring_ref[d, s + b, slot] >> REF_SHIFT
-            return False
+            return -1
     for b in range(w):
         ring_tag[d, s + b, slot] = (k << TAG_SHIFT) | (p << 1)
         ring_ref[d, s + b, slot] = (ex << REF_SHIFT) | (row + 1)
-        if row < 0:
-            copy_run(src[b], ring_pay[d, s + b, slot])
+    return slot
+
+
+@njit(cache=True, inline="always")
+def slot_plane(ring, ref, b, slot):
+    """Payload plane b of ring slot `slot` of ref (a writer's, after `stream_claim`)."""
+    return ring[2][(ref >> 6) & 3, (ref & 63) + b, slot]
+
+
+@njit(cache=True, inline="always")
+def stream_slot_planes(ring, ref, w, slot):
+    """The four payload planes of a writer's slot (`slot_plane`; past w the last repeats, never
+    written), a tuple for emulator/vxm_fast.py."""
+    return (slot_plane(ring, ref, 0, slot), slot_plane(ring, ref, min(1, w - 1), slot),
+            slot_plane(ring, ref, min(2, w - 1), slot), slot_plane(ring, ref, min(3, w - 1), slot))
+
+
+@njit(cache=True, inline="always")
+def stream_write(ref, w, p, c, ex, ring, src, hz, row=-1):
+    """Put w byte planes of src on ref at position p in cycle c (writer execution index ex);
+    or (w = 1, row >= 0) a reference to SRAM row `row` of `mem`, which every reader copies
+    (a READ whose row nothing can change while its value is on the stream: C_READ_REF)."""
+    slot = stream_claim(ref, w, p, c, ex, ring, hz, row)
+    if slot < 0:
+        return False
+    if row < 0:
+        for b in range(w):
+            copy_run(src[b], slot_plane(ring, ref, b, slot))
     return True
 
 

@@ -5,7 +5,11 @@ operands and result. The
 same arithmetic as arith (float32 operations, NaN rules of f32_binary, f32 -> f16 by
 f32_bits_to_f16, lanes >= nv zero), with the dtype and operation
 branches taken once per vector instead of once per lane; anything else goes to arith.
-tests/test_emulator_checks.py compares the two on random operands."""
+tests/test_emulator_checks.py compares the two on random operands.
+The operands' byte planes are read where they lie (ring payload slots or SRAM rows) and the
+result's written into its ring slot (core_streams.stream_planes, stream_slot_planes: tuples of
+planes); `compute` and `_decode` are inlined into the core's loop: called, the 12 planes passed as
+arguments made a 320-lane f16 ADD 270 ns, inlined 115 ns (140 ns copying through scratch planes)."""
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -50,10 +54,10 @@ def handles(op, adt, bdt, bimm, odt):
     return (bimm == 2 or _fdt(adt)) and (bimm == 1 or _fdt(bdt))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _decode(src, dt, lanes, out):
     """Byte planes of dtype dt -> float32 `out` (f32: the bits put together in out's own memory;
-    each plane a row of its own, so that the loops vectorize)."""
+    each plane an array of its own, so that the loops vectorize)."""
     if dt == D_F16:
         lo, hi = src[0], src[1]
         for l in range(lanes):
@@ -127,9 +131,10 @@ def _binary(op, fa, fb, lanes):
             fa[l] = a + b if a != a or b != b else (a if a <= b else b)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def compute(op, a, adt, b, bdt, bimm, imm, odt, nv, lanes, fa, fb, u32, f32v, dst):
-    """One VXM instruction that `handles` accepted, into the byte planes dst."""
+    """One VXM instruction that `handles` accepted: operand byte planes a, b (2-D arrays or
+    tuples of planes, planes past the dtype's width unread) into the byte planes dst."""
     u32[0] = imm & 0xFFFFFFFF
     fimm = f32v[0]
     if op >= C_NEG or bimm != 2:
