@@ -19,9 +19,10 @@ import glob
 import os
 
 import numpy as np
+import llvmlite.binding as ll
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 ROW_MAJOR, NO_TRANS = 101, 111         # CBLAS_ORDER, CBLAS_TRANSPOSE
@@ -66,10 +67,8 @@ def kernel_name() -> str:
 
 def jit_has_avx512() -> bool:
     """Whether Numba compiles the core for a CPU with 512-bit vectors (AVX-512F)."""
-    from numba.core import config
     if config.CPU_NAME and config.CPU_NAME != "host":
         return False
-    import llvmlite.binding as ll
     return bool(ll.get_host_cpu_features().get("avx512f", False))
 
 
