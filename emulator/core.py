@@ -1,5 +1,6 @@
-"""The jitted core (with emulator/arith.py, its number formats and VXM arithmetic, and
-emulator/core_streams.py, its hazard kinds and stream-ring helpers): executes a program's instructions, already expanded and sorted by issue
+"""The jitted core (with emulator/arith.py, its number formats and VXM arithmetic,
+emulator/core_streams.py, its hazard kinds and stream-ring helpers, and
+emulator/core_sxm.py, the SXM's instructions): executes a program's instructions, already expanded and sorted by issue
 cycle (see emulator/run.py), one after the other.
 
 Arrays in, arrays out; every size comes in as a plain int argument. The core has its own
@@ -37,12 +38,11 @@ from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, pre
     stream_write, zero_run,
 )
 from lpu.emulator.core_links import L_ON, c2c_exec
+from lpu.emulator.core_sxm import sxm_exec
 from lpu.emulator.mxm import flush, install
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
-    CORE_OPS, C_ABC, C_ADD, C_DISTRIBUTE, C_GATHER, C_IW, C_LW,
-    C_MASK, C_MIN, C_PERMUTE, C_READ, C_ROTATE, C_SHIFT, C_TPIN,
-    C_TPOUT, C_WRITE, D_F16, D_F32, D_I32, D_I8, WIDTH, f16_value, i8_to_f16_bits,
-    vxm_compute,
+    CORE_OPS, C_ABC, C_ADD, C_GATHER, C_IW, C_LW, C_MASK, C_MIN, C_READ, C_WRITE, D_F16, D_F32, D_I32, D_I8,
+    WIDTH, f16_value, i8_to_f16_bits, vxm_compute,
 )
 
 # ---- units -------------------------------------------------------------------------------------
@@ -300,80 +300,6 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
         for l in range(lanes):
             dst[l] = (src[l] >> sh) & np.uint32(0xFF)
     return stream_write(ref, 4, p, t + lat, ex, ring, so, hz)
-
-
-@njit(cache=True, inline="always")
-def sxm_exec(op, a, h, p, t, ex, lat, lanes, spd, tables, ring, tbuf, hz, counters):
-    """One SXM instruction, from the source's planes into the result's slot or a transpose buffer."""
-    counters[K_SXM_BUSY] += 1
-    if op == C_TPOUT:
-        buf, col, ref = a[0], a[1], a[2]
-        rf = 2
-    else:
-        ref = a[0]
-        rf = 0
-    dt = ref >> 8
-    if ref < 0 or dt >= 5 or not ref_ok(ref, WIDTH[dt], spd):
-        return operand_error(hz, rf, ref)
-    w = WIDTH[dt]
-    if op == C_TPOUT or op == C_TPIN:
-        if op == C_TPIN:
-            buf, row = a[1], a[2]
-            if row < 0 or row >= lanes:
-                return operand_error(hz, 2, row)
-        elif col < 0 or col >= lanes:
-            return operand_error(hz, 1, col)
-        if buf < 0 or buf + w > TRANSPOSE_BUFFERS:
-            return operand_error(hz, 0 if op == C_TPOUT else 1, buf)
-        if op == C_TPIN:
-            slot = stream_take(ref, w, p, t, ring, hz)
-            if slot < 0:
-                return False
-            for b in range(w):
-                copy_run(stream_plane(ring, ref, b, slot), tbuf[h, buf + b, row])
-            return True
-        slot = stream_claim(ref, w, p, t + lat, ex, ring, hz)
-        if slot < 0:
-            return False
-        for b in range(w):
-            t_, y = tbuf[h, buf + b], slot_plane(ring, ref, b, slot)
-            for l in range(lanes):
-                y[l] = t_[l, col]
-        return True
-    oref, k = a[1], a[2]
-    if oref < 0 or oref >> 8 != dt or not ref_ok(oref, w, spd):
-        return operand_error(hz, 1, oref)
-    if op == C_PERMUTE and (k < 0 or k >= tables.shape[0]):
-        return operand_error(hz, 2, k)
-    if op == C_DISTRIBUTE and (k < 0 or k >= lanes):
-        return operand_error(hz, 2, k)
-    sli = stream_take(ref, w, p, t, ring, hz)
-    if sli < 0:
-        return False
-    slo = stream_claim(oref, w, p, t + lat, ex, ring, hz)
-    if slo < 0:
-        return False
-    for b in range(w):     # from the source's plane into the slot's (SHIFT and ROTATE as runs from 0 over views: loops that vectorize)
-        x, y = stream_plane(ring, ref, b, sli), slot_plane(ring, oref, b, slo)
-        if op == C_SHIFT:
-            lo, hi = min(max(k, 0), lanes), max(min(lanes + k, lanes), 0)
-            for l in range(lo):
-                y[l] = 0
-            if hi > lo:
-                copy_run(x[lo - k:hi - k], y[lo:hi])
-            zero_run(y[max(hi, lo):lanes])
-        elif op == C_ROTATE:
-            kk = k % lanes
-            copy_run(x[lanes - kk:lanes], y[:kk])
-            copy_run(x[:lanes - kk], y[kk:lanes])
-        elif op == C_PERMUTE:
-            tab = tables[k]
-            for l in range(lanes):
-                y[l] = x[tab[l]] if tab[l] >= 0 and tab[l] < lanes else 0
-        else:
-            for l in range(lanes):
-                y[l] = x[k]
-    return True
 
 
 # An instruction's dispatch fields in one int64 (`pack_meta`, once per program: the loop streams
