@@ -1,4 +1,4 @@
-"""The MXM's short path (emulator/mxm.py `flush`: a batch below run.BULK_WORK multiply-adds): the
+"""The MXM's short path (emulator/mxm.py `flush`: a batch below blas.bulk_work() multiply-adds): the
 float64 sums of a batch's products over its `support`, inside the jitted core, which
 `mxm.products_over` settles into the contract's results (docs/accumulation.md: its bound holds for any order and grouping
 of the additions, so every kernel here gives the same bits).
