@@ -164,6 +164,8 @@ def emulator_speed(b: Bench) -> list:
             emu, npt = r["emulation_median_s"], r["numpy_median_s"]
             ratio = emu / npt
             cps = r["cycles"] / emu
+            kept = r["resident_median_s"]          # weights and states left in SRAM (speedprobe)
+            kcps = r["cycles"] / kept
             out += [
                 item(sec, f"{label}, {how}: emulation wall time (median)", round(emu, 4), "s", **common,
                      cycles=r["cycles"], predicted_cycles=int(c.prog.predicted_cycles), instructions=r["instructions"],
@@ -171,6 +173,10 @@ def emulator_speed(b: Bench) -> list:
                 item(sec, f"{label}, {how}: numpy float32 time (median)", round(npt, 4), "s", **common,
                      blas=r["blas"], threads=r["threads"], runs_s=[round(t, 4) for t in r["numpy_s"]]),
                 item(sec, f"{label}, {how}: emulated cycles/s", round(cps), "cycles/s", ">= 1M", cps >= 1e6, **common),
+                item(sec, f"{label}, {how}: resident run wall time (median)", round(kept, 4), "s", **common,
+                     runs_s=[round(t, 4) for t in r["resident_s"]]),
+                item(sec, f"{label}, {how}: emulated cycles/s, resident", round(kcps), "cycles/s", ">= 1M",
+                     kcps >= 1e6, **common),
                 item(sec, f"{label}, {how}: instructions/s", round(r["instructions"] / emu), "instr/s", **common),
                 item(sec, f"{label}, {how}: emulation / numpy", round(ratio, 2), "x", target, ratio <= limit,
                      blas=r["blas"], threads=r["threads"], **common),

@@ -13,6 +13,7 @@ cycles = max over executed instructions of (issue + latency) + 1 + icu_skew (0 i
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -222,14 +223,16 @@ def _fetch(mem: np.ndarray, rows: np.ndarray, sym: Symbol, m) -> np.ndarray:
     return vals.astype(NP_DTYPE[sym.dtype], copy=False).reshape(tuple(sym.shape))
 
 
-def load(program: Program, values: dict, prep: Prepared | None = None, huge: bool = True) -> np.ndarray:
+def load(program: Program, values: dict, prep: Prepared | None = None, huge: bool = True,
+         keep: frozenset = frozenset()) -> np.ndarray:
     """The compact SRAM image uint8[rows, lanes] (emulator/prepare.py), cleared, holding every
     input, weight, state and constant tensor of the program at its place. The array is the
     prepared program's own (kept between runs, so a run pays no page faults for it): a program
     is run by one thread at a time. huge: on huge pages (hugemem; a system's chips pass False:
     eight images of a tensor-parallel llama2_7b_decode L=2 in one process, a third of their rows
     never written, took 4.9-7.4 s a run on huge pages against 3.9-4.5 s, peak RSS 1.79 against
-    1.52 GB, where one chip's bert_base L=1 runs 5-10% faster on them)."""
+    1.52 GB, where one chip's bert_base L=1 runs 5-10% faster on them). keep: tensors the image
+    still holds (run's `resident`): each may be left out of `values`, and is then not written."""
     m = program.machine
     prep = prep or prepare(program, schedule)
     if prep.mem is None:
@@ -241,10 +244,12 @@ def load(program: Program, values: dict, prep: Prepared | None = None, huge: boo
     unknown = sorted(set(values) - set(wanted))
     if unknown:
         raise LpuError(f"unknown tensor(s) {', '.join(unknown)} (the program takes: {', '.join(wanted) or 'none'})")
-    missing = [n for n in wanted if n not in values]
+    missing = [n for n in wanted if n not in values and n not in keep]
     if missing:
         raise LpuError(f"missing value(s) for {', '.join(missing)}")
     for sym in program.symbols:
+        if sym.name in keep and sym.name not in values:
+            continue
         if sym.kind == "const":
             arr = np.asarray(sym.data)
             if arr.size != int(np.prod(sym.shape, dtype=np.int64)):
@@ -390,13 +395,53 @@ def _cycles_hazard(program: Program, s: Schedule, cycles: int) -> HazardError:
                        str(cycles))
 
 
-def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) -> RunResult:
+def _intact(program: Program, prep: Prepared, valid: np.ndarray) -> frozenset:
+    """The tensors SRAM still holds after a run: every state (its rows are what the run returned
+    as the state), and each input, weight and constant whose rows no instruction overwrote."""
+    clobbered = valid == core.RO_CLOBBERED
+    return frozenset(y.name for y in program.symbols if y.kind == "state" or (
+        y.kind in ("input", "weight", "const") and not clobbered[prep.sym_rows[y.name]].any()))
+
+
+class ResidentStates(Mapping):
+    """A resident run's states, read from SRAM (and kept) on first access: a decode loop that
+    leaves its KV cache on the chip does not copy it out every step. Valid until the program
+    runs again; reading one after that is an error, not a newer value."""
+
+    def __init__(self, program: Program, prep: Prepared, symbols: list):
+        self._program, self._prep, self._run = program, prep, prep.runs
+        self._symbols, self._read = {y.name: y for y in symbols}, {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._read:
+            y = self._symbols[name]
+            if self._prep.runs != self._run:
+                raise LpuError(f"state '{name}' of a resident run was not read before the program ran again: "
+                               f"read the states you need before the next run")
+            self._read[name] = _fetch(self._prep.mem, self._prep.sym_rows[name], y, self._program.machine)
+        return self._read[name]
+
+    def __iter__(self):
+        return iter(self._symbols)
+
+    def __len__(self) -> int:
+        return len(self._symbols)
+
+
+def run(program: Program, values: dict, trace: bool = False, bulk: bool = True, resident: bool = False) -> RunResult:
     """Run `program` on `values` (every input, weight and state tensor, by name). `bulk=False`
-    multiplies every batch of ABCs in the core, in lane order (the same bits; for tests)."""
+    multiplies every batch of ABCs in the core, in lane order (the same bits; for tests).
+    resident: SRAM keeps what the program's previous run left in it, as a chip does between
+    decode steps: a tensor left out of `values` is not loaded again, provided that run ended
+    without a hazard and no instruction overwrote the tensor's rows (weights and constants as
+    loaded; states as that run returned them, updated). The result's states are then read from
+    SRAM when asked for, until the program runs again (`ResidentStates`)."""
     m = program.machine
     prep = prepare(program, schedule)
     s = prep.sched
-    mem = load(program, values, prep)
+    keep = prep.resident if resident else frozenset()
+    prep.resident, prep.runs = frozenset(), prep.runs + 1
+    mem = load(program, values, prep, keep=keep)
     valid = prep.valid0.copy()
     hz = np.zeros(8, np.int64)
     counters = np.zeros(core.N_COUNTERS, np.int64)
@@ -436,8 +481,11 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True) 
                   sram_written_bytes=int(counters[core.K_SRAM_WRITTEN]),
                   queue_instructions=s.queue_counts(len(m.queues)))
     util = {k: (busy[k] / (cycles * units[k]) if cycles else 0.0) for k in ("mxm", "vxm", "mem", "sxm")}
+    prep.resident = _intact(program, prep, valid)
+    states = [y for y in program.symbols if y.kind == "state"]
     return RunResult(
         outputs={y.name: _fetch(mem, prep.sym_rows[y.name], y, m) for y in program.symbols if y.kind == "output"},
-        states={y.name: _fetch(mem, prep.sym_rows[y.name], y, m) for y in program.symbols if y.kind == "state"},
+        states=(ResidentStates(program, prep, states) if resident else
+                {y.name: _fetch(mem, prep.sym_rows[y.name], y, m) for y in states}),
         cycles=cycles, instructions=len(s.cycle), counters=counts, utilization=util,
         trace=Trace(s.cycle, s.src, s.repeat) if trace else None)

@@ -3,6 +3,7 @@
     import lpu.api as lpu
     prog, graph = lpu.compile("programs/mlp.lpu", params={"S": 32}, machine="tiny")
     result = lpu.run(prog, lpu.inputs_for(graph, prog, seed=0))
+    again = lpu.run(prog, {"x": new_x}, resident=True)   # weights and states stay in SRAM
 """
 from __future__ import annotations
 
@@ -157,9 +158,11 @@ def _declared_values(declared: dict, seed: int, into: dict | None, defer=None) -
     return values
 
 
-def run(prog: Program, values: dict, trace: bool = False):
+def run(prog: Program, values: dict, trace: bool = False, resident: bool = False):
+    """Emulate `prog` on `values`; resident: tensors left out keep what the previous run of
+    `prog` left in SRAM (emulator/run.py `run`)."""
     from lpu.emulator.run import run as emulate
-    return emulate(prog, values, trace=trace)
+    return emulate(prog, values, trace=trace, resident=resident)
 
 
 def check(graph: IRGraph, prog: Program, values: dict, result) -> dict:
