@@ -69,7 +69,7 @@ class Prepared:
     ring_size: int
     workspace: tuple | None = None   # the core's unit state, kept between runs (emulator/core.py)
     mem: np.ndarray | None = None    # the compact SRAM image, kept between runs (run.load)
-    resident: frozenset = frozenset()  # tensors the image still holds after the last run (run.run, resident=True)
+    last_valid: np.ndarray | None = None  # the row flags the last run ended with (None: it failed; run.run's resident)
     runs: int = 0                    # runs made on `mem` (a resident run's states are read from it lazily)
 
     # The fields packed in `meta`, unpacked when asked (kept only packed: 4 x 8 bytes an executed

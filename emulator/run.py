@@ -439,8 +439,8 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True, 
     m = program.machine
     prep = prepare(program, schedule)
     s = prep.sched
-    keep = prep.resident if resident else frozenset()
-    prep.resident, prep.runs = frozenset(), prep.runs + 1
+    keep = _intact(program, prep, prep.last_valid) if resident and prep.last_valid is not None else frozenset()
+    prep.last_valid, prep.runs = None, prep.runs + 1
     mem = load(program, values, prep, keep=keep)
     valid = prep.valid0.copy()
     hz = np.zeros(8, np.int64)
@@ -481,7 +481,7 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True, 
                   sram_written_bytes=int(counters[core.K_SRAM_WRITTEN]),
                   queue_instructions=s.queue_counts(len(m.queues)))
     util = {k: (busy[k] / (cycles * units[k]) if cycles else 0.0) for k in ("mxm", "vxm", "mem", "sxm")}
-    prep.resident = _intact(program, prep, valid)
+    prep.last_valid = valid
     states = [y for y in program.symbols if y.kind == "state"]
     return RunResult(
         outputs={y.name: _fetch(mem, prep.sym_rows[y.name], y, m) for y in program.symbols if y.kind == "output"},
