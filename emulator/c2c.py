@@ -39,6 +39,7 @@ class ChipRun:
         self.s = s = prep.sched
         if values is None:
             prep.mem = np.zeros((max(prep.nrows, 1), m.lanes), np.uint8) if prep.mem is None else prep.mem
+            prep.last_valid, prep.runs = None, prep.runs + 1      # a system's run leaves nothing resident
             self.mem = prep.mem
         else:
             self.mem = R.load(program, values, prep, huge=False)
@@ -115,6 +116,7 @@ class ChipRun:
     def reload(self, values: dict, drawn=frozenset()) -> None:
         """The SRAM image loaded again from `values`, before the first instruction; the symbols
         `drawn` are in the (fresh) image already (`draw`), the others are stored beside them."""
+        self.prep.last_valid, self.prep.runs = None, self.prep.runs + 1
         if not drawn:
             self.mem = R.load(self.program, values, self.prep)
             return

@@ -240,6 +240,7 @@ def load(program: Program, values: dict, prep: Prepared | None = None, huge: boo
     else:
         sram_core.clear(prep.mem, prep.unloaded_rows)    # the loaded tensors' rows are all written below
     mem = prep.mem
+    prep.last_valid, prep.runs = None, prep.runs + 1     # the image changes: nothing is resident until a run ends
     wanted = {s.name: s for s in program.symbols if s.kind in ("input", "weight", "state")}
     unknown = sorted(set(values) - set(wanted))
     if unknown:
@@ -440,7 +441,6 @@ def run(program: Program, values: dict, trace: bool = False, bulk: bool = True, 
     prep = prepare(program, schedule)
     s = prep.sched
     keep = _intact(program, prep, prep.last_valid) if resident and prep.last_valid is not None else frozenset()
-    prep.last_valid, prep.runs = None, prep.runs + 1
     mem = load(program, values, prep, keep=keep)
     valid = prep.valid0.copy()
     hz = np.zeros(8, np.int64)

@@ -7,7 +7,7 @@ from lpu.compiler.driver import compile_source
 from lpu.compiler.reference import random_values
 from lpu.emulator import core
 from lpu.emulator.prepare import prepare
-from lpu.emulator.run import _intact, run, schedule
+from lpu.emulator.run import _intact, load, run, schedule
 from lpu.isa.errors import LpuError
 
 SRC = ("input x : f16[2, 20]\nweight w : f16[20, 20]\nstate c : f16[4, 20]\n"
@@ -56,6 +56,10 @@ def test_nothing_is_resident_before_a_run_or_after_a_failed_one(prog_vals):
     run(prog, vals)
     with pytest.raises(LpuError, match="expected f16"):
         run(prog, {"x": vals["x"].astype(np.float32)}, resident=True)
+    with pytest.raises(LpuError, match="missing value.*w"):
+        run(prog, {"x": vals["x"]}, resident=True)
+    run(prog, vals)
+    load(prog, vals, prepare(prog, schedule))     # the image loaded outside a run (a system's chip does)
     with pytest.raises(LpuError, match="missing value.*w"):
         run(prog, {"x": vals["x"]}, resident=True)
 
