@@ -11,47 +11,58 @@ import os
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import caching, config
 from numba.extending import intrinsic
 
 from lpu.emulator.vxm_tanh import tanh_lane
 from lpu.isa import dtypes as _dtypes
 
 
-CORE_CALLEES = ("arith.py", "mxm.py", "vxm_fast.py", "vxm_tanh.py", "core_streams.py", "core_links.py", "borrow.py")
+def _cache_dirs(here: str) -> list:
+    """Where Numba keeps this package's compiled functions: the in-tree __pycache__ (a writable
+    checkout), or the folder it makes under NUMBA_CACHE_DIR when that is set."""
+    dirs = [os.path.join(here, "__pycache__")]
+    locator = getattr(caching, "UserProvidedCacheLocator", None)
+    if config.CACHE_DIR and locator is not None:
+        dirs.append(os.path.join(config.CACHE_DIR, locator.get_suitable_cache_subpath(os.path.join(here, "arith.py"))))
+    return dirs
 
 
-def _drop_stale_core_cache():
-    """Numba's cache is invalidated only by changes to a function's own file, yet core.py's
-    cached machine code embeds the functions and constants of this module and of the jitted
-    modules it calls (CORE_CALLEES). When one of them changes, drop core.py's cache
-    (in-tree __pycache__, where Numba keeps it for a writable checkout)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    cache = os.path.join(here, "__pycache__")
+def drop_stale_cache(here: str, dirs: list) -> None:
+    """Numba's cache is invalidated only by changes to a function's own file, yet a cached
+    function embeds the functions it calls and inlines from other modules (core.py's loop holds
+    most of this package) and their frozen constants. So when any module of the package changes,
+    every cached function of it is dropped (a stamp of all their sources beside the cache).
+    here: the package's folder; dirs: its cache folders (`_cache_dirs`)."""
     h = hashlib.sha256()
-    for name in CORE_CALLEES:
-        with open(os.path.join(here, name), "rb") as f:
-            h.update(f.read())
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
     stamp = h.hexdigest()
-    mark = os.path.join(cache, "arith.stamp")
-    try:
-        with open(mark) as f:
-            if f.read() == stamp:
-                return
-    except OSError:
-        pass
-    try:
-        for name in os.listdir(cache):
-            if name.startswith(("core.", "mxm.", "vxm_fast.", "vxm_tanh.")) and name.endswith((".nbi", ".nbc")):
-                os.remove(os.path.join(cache, name))
-        tmp = f"{mark}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(stamp)
-        os.replace(tmp, mark)
-    except OSError:
-        pass        # no in-tree cache (read-only install): nothing stale to drop
+    for cache in dirs:
+        mark = os.path.join(cache, "emulator.stamp")
+        try:
+            with open(mark) as f:
+                if f.read() == stamp:
+                    continue
+        except OSError:
+            pass
+        try:
+            os.makedirs(cache, exist_ok=True)
+            for name in os.listdir(cache):
+                if name.endswith((".nbi", ".nbc")):
+                    os.remove(os.path.join(cache, name))
+            tmp = f"{mark}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(stamp)
+            os.replace(tmp, mark)
+        except OSError:
+            pass        # no cache there yet, or read-only: nothing stale to drop
 
 
-_drop_stale_core_cache()
+_HERE = os.path.dirname(os.path.abspath(__file__))
+drop_stale_cache(_HERE, _cache_dirs(_HERE))
 
 # the binary VXM ops are C_ADD .. C_MIN, the unary ones C_NEG .. C_GELU (EXP .. GELU: always f32)
 CORE_OPS = (
