@@ -247,10 +247,11 @@ def grain_of_bits(bits):
 @njit(cache=True)
 def settle(x, n, w, wnorm, y, clo, chi, act, na, ieee):
     """Turn the float64 product y = x[:n] @ w (f16 operands: BLAS's, or the short path's sums) in
-    the columns [clo, chi) into the contract's results (the other columns are exact zeros: `support`): keep round(y) where
-    it is provably the rounding of the exact sum, recompute the rest exactly over the lanes
-    act[:na] (`support`). Returns how many elements were recomputed. Two proofs (wnorm:
-    `column_norms`, wnorm[0] the column norms, wnorm[1] each norm over its column's grain):
+    the columns [clo, chi) into the contract's results (the other columns are exact zeros:
+    `support`): keep round(y) where it is provably the rounding of the exact sum, recompute the
+    rest exactly over the lanes act[:na] (`support`). Returns how many elements were recomputed.
+    Three proofs (wnorm: `column_norms`, wnorm[0] the column norms, wnorm[1] each norm over its
+    column's grain):
     - exact: the products of x[b] and w[:, n] are multiples of g = grain(x[b]) grain(w[:, n]) (powers
       of two), and sum |p| <= |x[b]|_2 |w[:, n]|_2 (Cauchy-Schwarz); where that is at most 2^53 g,
       i.e. |x[b]|_2 (|w[:, n]|_2 / grain(w[:, n])) <= 2^53 grain(x[b]) (the quotients by powers of
@@ -264,9 +265,9 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na, ieee):
       finite ones never overflows, and a non-finite y[b, n] has a non-finite product; IEEE
       additions in any order then give NaN where a product is NaN or both infinities occur, else
       that infinity: the contract's result. (An overflowed activation makes its whole row
-      non-finite: gpt2_small_decode's deeper layers, where these were 11,840 recomputed elements
-      a run, 5.5% of it. A BLAS product's non-finite elements are recomputed: a BLAS may skip a
-      zero factor, and inf * 0 with it.)
+      non-finite: gpt2_small_decode's layernorm variances, whose f16 squares overflow, where
+      these were all the run's 11,840 recomputed elements, 5.5% of it. A BLAS product's
+      non-finite elements are recomputed: a BLAS may skip a zero factor, and inf * 0 with it.)
     A row whose products are proved exact in every column at once (|x[b]|_2 r <= 2^53 grain(x[b])
     with r the largest wnorm[1] of the columns, so each column's own test holds too) is only
     rounded. Else, per row, one branch-free pass that vectorizes rounds the proved elements and

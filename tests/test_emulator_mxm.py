@@ -220,7 +220,7 @@ def test_short_path_keeps_its_non_finite_sums():
     x = _f16(rng.integers(-6, 4, (4, k)), rng.integers(1, 2048, (4, k)) / 1024, rng.choice([-1, 1], (4, k)))
     w = _f16(rng.integers(-6, 4, (k, k)), rng.integers(1, 2048, (k, k)) / 1024, rng.choice([-1, 1], (k, k)))
     x[0, 7], x[1, 9], x[1, 10], x[2, 11], w[5, 3] = np.inf, np.inf, -np.inf, np.nan, np.inf
-    x[3, 5], w[7:, 4] = 0.0, 0.0             # row 3: inf * 0 in column 3 only; column 4 inf or NaN in rows 0-2
+    x[3, 5], w[7:, 4] = 0.0, 0.0         # row 3: inf * 0 in column 3 only; column 4: few nonzero weights
     w32, want = w.astype(np.float32), _bits(reference(x, w))
     norms, (wcols, act) = np.zeros((2, k)), _support(w32)
     mxm.column_norms(w32, norms)
