@@ -7,14 +7,15 @@ EXACT sum of the exact products x[k] * w[k, n], rounded once to f32 (nearest eve
 taken as the exact integer for i8; then added to the accumulator row in f32 (or i32, wrapping)
 when `accum`. The order of the additions does not enter, so every exact method gives the bits:
 
-- `products` (every batch with run(..., bulk=False), and short batches): each element summed
-  exactly in two float64 accumulators (`exact_dot`), then correctly rounded (`round_f32`);
-- `settle` after a BLAS product (`x @ w` in float64: numpy's BLAS called from the core,
-  emulator/blas.py, or numpy on the host, emulator/run.py): where the products'
-  grains and norms prove every partial sum exact, or where every value within the error bound
-  of any order's sum (na * 2^-53 * |x|_2 |w[:, n]|_2) rounds to the same f32, that f32 is the
-  rounding of the exact sum. The few other elements (cancellation, a sum within the bound of an
-  f32 rounding boundary, non-finite values) are recomputed with `exact_dot`.
+- `products` (every batch with run(..., bulk=False)): each element summed exactly in two float64
+  accumulators (`exact_dot`), then correctly rounded (`round_f32`);
+- `settle` after a float64 product (the short path's sums, or `x @ w` by BLAS: numpy's BLAS
+  called from the core, emulator/blas.py, or numpy on the host, emulator/run.py): where the
+  products' grains and norms prove every partial sum exact, or where every value within the
+  error bound of any order's sum (na * 2^-53 * |x|_2 |w[:, n]|_2) rounds to the same f32, that
+  f32 is the rounding of the exact sum; a non-finite sum of the short path is the contract's
+  NaN or infinity. The few other elements (cancellation, a sum within the bound of an f32
+  rounding boundary, BLAS's non-finite values) are recomputed with `exact_dot`.
 
 Numbers: f16 and i8 values are multiples of 2^-24 below 2^16, so every product is exact in
 float64 (at most 22 significant bits), a multiple of 2^-48 below 2^32.
@@ -210,10 +211,10 @@ def products_over(x, n, w, dt, y, wnorm, wcols, tight, act, na, clo, chi):
     """y[b, m] = the contract's results for the rows b < n of x over the `support` (the lanes
     act[:na], the columns [clo, chi); every other element is +0; tight: every operand finite):
     the short path's float64 sums (emulator/mxm_short.py), settled for f16 (`settle`, whose bound
-    holds for any order and grouping) or exact already (i8)."""
+    holds for any order and grouping; its non-finite sums are the contract's) or exact already (i8)."""
     sums_over(x, n, w, y, wcols, tight, act, na, clo, chi)
     if dt != D_I8:
-        settle(x, n, w, wnorm, y, clo, chi, act, na)
+        settle(x, n, w, wnorm, y, clo, chi, act, na, True)
 
 
 @njit(cache=True, fastmath={"reassoc"})
@@ -244,12 +245,13 @@ def grain_of_bits(bits):
 
 
 @njit(cache=True)
-def settle(x, n, w, wnorm, y, clo, chi, act, na):
-    """Turn the float64 BLAS product y = x[:n] @ w (f16 operands) in the columns [clo, chi) into
-    the contract's results (the other columns are exact zeros: `support`): keep round(y) where
-    it is provably the rounding of the exact sum, recompute the rest exactly over the lanes
-    act[:na] (`support`). Returns how many elements were recomputed. Two proofs (wnorm:
-    `column_norms`, wnorm[0] the column norms, wnorm[1] each norm over its column's grain):
+def settle(x, n, w, wnorm, y, clo, chi, act, na, ieee):
+    """Turn the float64 product y = x[:n] @ w (f16 operands: BLAS's, or the short path's sums) in
+    the columns [clo, chi) into the contract's results (the other columns are exact zeros:
+    `support`): keep round(y) where it is provably the rounding of the exact sum, recompute the
+    rest exactly over the lanes act[:na] (`support`). Returns how many elements were recomputed.
+    Three proofs (wnorm: `column_norms`, wnorm[0] the column norms, wnorm[1] each norm over its
+    column's grain):
     - exact: the products of x[b] and w[:, n] are multiples of g = grain(x[b]) grain(w[:, n]) (powers
       of two), and sum |p| <= |x[b]|_2 |w[:, n]|_2 (Cauchy-Schwarz); where that is at most 2^53 g,
       i.e. |x[b]|_2 (|w[:, n]|_2 / grain(w[:, n])) <= 2^53 grain(x[b]) (the quotients by powers of
@@ -257,7 +259,15 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na):
       2^53 g: exact, so y is the exact sum (ties and values on an f32 boundary included);
     - bounded: the error of any order's float64 sum of the na products is at most
       (na - 1) 2^-53 / (1 - na 2^-53) sum |p| <= e = na 2^-53 |x[b]|_2 |w[:, n]|_2; where
-      f32(y - e) == f32(y + e), rounding being monotone, the exact sum rounds to that f32.
+      f32(y - e) == f32(y + e), rounding being monotone, the exact sum rounds to that f32;
+    - non-finite (ieee: y holds the short path's sums, `sums_over`, which take every product where
+      an operand is not finite: `support`): a finite product is below 2^32, so the float64 sum of
+      finite ones never overflows, and a non-finite y[b, n] has a non-finite product; IEEE
+      additions in any order then give NaN where a product is NaN or both infinities occur, else
+      that infinity: the contract's result. (An overflowed activation makes its whole row
+      non-finite: gpt2_small_decode's layernorm variances, whose f16 squares overflow, where
+      these were all the run's 11,840 recomputed elements, 5.5% of it. A BLAS product's
+      non-finite elements are recomputed: a BLAS may skip a zero factor, and inf * 0 with it.)
     A row whose products are proved exact in every column at once (|x[b]|_2 r <= 2^53 grain(x[b])
     with r the largest wnorm[1] of the columns, so each column's own test holds too) is only
     rounded. Else, per row, one branch-free pass that vectorizes rounds the proved elements and
@@ -288,8 +298,8 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na):
             v = yb[m]
             e = xe * wn[m]
             r = np.float32(v)
-            ok = (((np.float32(v - e) == r) & (np.float32(v + e) == r)) | (xn * wr[m] <= xg)) & (
-                abs(v) + e < np.inf)
+            ok = ((((np.float32(v - e) == r) & (np.float32(v + e) == r)) | (xn * wr[m] <= xg)) & (
+                abs(v) + e < np.inf)) | (ieee & (not abs(v) < np.inf))
             yb[m] = np.float64(r) + 0.0 if ok else np.nan
             nd += not ok
         if nd:
@@ -385,7 +395,7 @@ def blas_products(x, w, dt, wnorm, wcols):
         with np.errstate(invalid="ignore"):
             y[:, lo:hi] = x[:, rows] @ w[rows, lo:hi].astype(np.float64)
     if dt != D_I8:
-        settle(x, n, w, wnorm, y, lo, hi, act, na)
+        settle(x, n, w, wnorm, y, lo, hi, act, na, False)
     return y
 
 
@@ -433,7 +443,7 @@ def blas_over(fn, x, n, w, dt, y, wbuf, wnorm, act, na, lo, hi):
                     xs[b, j] = x[b, act[j]]
             dgemm(fn, xs, ws, y[:n, lo:hi])
     if dt != D_I8:
-        settle(x, n, w, wnorm, y, lo, hi, act, na)
+        settle(x, n, w, wnorm, y, lo, hi, act, na, False)
 
 
 @njit(cache=True)

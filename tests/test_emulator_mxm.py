@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from lpu.api import inputs_for
 from lpu.compiler.driver import compile_file
-from lpu.emulator import blas, mxm
+from lpu.emulator import blas, mxm, mxm_short
 from lpu.emulator.arith import D_F16, D_I8
 from lpu.emulator.run import run
 
@@ -126,6 +126,10 @@ def operands(draw):
         x[:, rng.random(k) < 0.5] = 0.0
         w[rng.random(k) < 0.3] = 0.0
         w[:, rng.random(m) < 0.4] = 0.0
+    bad = draw(st.sampled_from([None, None, None, np.inf, -np.inf, np.nan]))
+    if bad is not None:              # a non-finite operand (an overflowed activation, a weight)
+        v = x if draw(st.booleans()) else w
+        v[tuple(rng.integers(0, s) for s in v.shape)] = bad
     return x, w
 
 
@@ -185,7 +189,7 @@ def _settled(x, w):
     norms, (wcols, act) = np.zeros((2, w.shape[1])), _support(w)
     mxm.column_norms(w.astype(np.float32), norms)
     y, want = x @ w, np.zeros((x.shape[0], w.shape[1]))
-    redo = mxm.settle(x, x.shape[0], w, norms, y, 0, w.shape[1], np.arange(w.shape[0]), w.shape[0])
+    redo = mxm.settle(x, x.shape[0], w, norms, y, 0, w.shape[1], np.arange(w.shape[0]), w.shape[0], False)
     mxm.products(x, x.shape[0], w, D_F16, want, True, norms, wcols, act)
     assert np.array_equal(_bits(y), _bits(want))
     return redo
@@ -203,6 +207,31 @@ def test_settle_recomputes_only_what_it_cannot_prove():
     # ... and halves that cancel exactly: every sum is zero, within the bound of every rounding
     x[:, 160:], w[160:] = x[:, :160], -w[:160]
     assert _settled(x, w) == x.shape[0] * w.shape[1]
+
+
+def test_short_path_keeps_its_non_finite_sums():
+    """The short path's float64 sums take every product (a non-finite operand: every lane and
+    column), and a finite product cannot overflow them, so a non-finite sum is the IEEE sum of
+    them all in some order: the contract's NaN or infinity. settle keeps it (ieee) rather than
+    recomputing it (an overflowed activation makes its whole row non-finite); a BLAS product's
+    is recomputed."""
+    rng = np.random.default_rng(7)
+    k = 320
+    x = _f16(rng.integers(-6, 4, (4, k)), rng.integers(1, 2048, (4, k)) / 1024, rng.choice([-1, 1], (4, k)))
+    w = _f16(rng.integers(-6, 4, (k, k)), rng.integers(1, 2048, (k, k)) / 1024, rng.choice([-1, 1], (k, k)))
+    x[0, 7], x[1, 9], x[1, 10], x[2, 11], w[5, 3] = np.inf, np.inf, -np.inf, np.nan, np.inf
+    x[3, 5], w[7:, 4] = 0.0, 0.0         # row 3: inf * 0 in column 3 only; column 4: few nonzero weights
+    w32, want = w.astype(np.float32), _bits(reference(x, w))
+    norms, (wcols, act) = np.zeros((2, k)), _support(w32)
+    mxm.column_norms(w32, norms)
+    for ieee in (True, False):
+        na, lo, hi, tight = mxm.support(x, 4, wcols, norms, act)
+        assert (na, lo, hi, tight) == (k, 0, k, False)
+        y = np.zeros((4, k))
+        mxm_short.sums_over(x, 4, w32, y, wcols, tight, act, na, lo, hi)
+        redo = mxm.settle(x, 4, w32, norms, y, lo, hi, act, na, ieee)
+        assert np.array_equal(_bits(y), want)
+        assert redo == (0 if ieee else 3 * k + 1)
 
 
 def test_i8_products_are_exact_integers():
