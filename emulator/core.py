@@ -40,8 +40,7 @@ from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, pre
 from lpu.emulator.core_links import L_ON, c2c_exec
 from lpu.emulator.core_sxm import sxm_exec
 from lpu.emulator.mxm import flush
-from lpu.emulator import mxm_install
-from lpu.emulator.mxm_install import install, stage_row
+from lpu.emulator.mxm_install import install
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     CORE_OPS, C_ABC, C_ADD, C_GATHER, C_IW, C_LW, C_MASK, C_MIN, C_READ, C_WRITE, D_F16, D_F32, D_I32, D_I8,
     WIDTH, f16_value, i8_to_f16_bits, vxm_compute,
@@ -159,10 +158,9 @@ def mxm_input_ok(ref, plane, spd):
 
 
 @njit(cache=True, inline="always")
-def lw_exec(a, plane, p, t, ex, lanes, spd, ring, lbuf, lw_dt, ord_lw, sa, wts32, st, hz):
-    """LW: a weight buffer row from a stream, staged as float32 with its statistics for the IW
-    (emulator/mxm_install.py); inlined into the loop (40,000 in bert_base L=1: as a case of
-    mxm_exec, its call with ~40 arguments took ~10% of the run)."""
+def lw_exec(a, plane, p, t, ex, lanes, spd, ring, lbuf, lw_dt, ord_lw, sa, hz):
+    """LW: a weight buffer row from a stream; inlined into the loop (40,000 in bert_base L=1: as
+    a case of mxm_exec, its call with ~40 arguments took ~10% of the run)."""
     row, ref, cvt = a[0], a[1], a[2]
     if row < 0 or row >= lanes:
         return operand_error(hz, 0, row)
@@ -182,16 +180,15 @@ def lw_exec(a, plane, p, t, ex, lanes, spd, ring, lbuf, lw_dt, ord_lw, sa, wts32
             bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
             dst[0, l] = bits & 0xFF
             dst[1, l] = bits >> 8
-    stage_row(dst, lw_dt[plane, row], plane, row, ex, wts32, st[0], st[1], st[2], st[3], st[4], st[5])
     return True
 
 
 @njit(cache=True)
-def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, wts32, wsel, wnorm, wcols, wbuf, wdt, busy,
+def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm, wcols, wbuf, wdt, busy,
              acc_bits, acc_kind, acc_ready, ord_acc, ord_last, sa, pend_x, pend_meta, pend_n, ybuf, act, bulk,
              hz, counters):
     """ABC: timing, hazards, the operand; the product joins the plane's batch (mxm.flush)."""
-    if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32[wsel[plane]], wnorm, wcols, wdt, pend_x, pend_meta,
+    if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta,
                                                      pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
         return False
     ref, row, accum, half = a[0], a[1], a[2], a[3]
@@ -249,12 +246,10 @@ def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, w
 @njit(cache=True)
 def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_dt, wts32, wnorm, wcols,
              wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x, pend_meta, pend_n, ybuf, act,
-             bulk, st, hz):
-    """IW (the install: emulator/mxm_install.py; st = its staging state) and ACC (LW and ABC:
-    `lw_exec`, `abc_exec`)."""
-    wsel = st[5]
+             bulk, hz):
+    """IW and ACC (LW and ABC: `lw_exec`, `abc_exec`)."""
     if op == C_IW:
-        if not flush(plane, wts32[wsel[plane]], wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
+        if not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
             return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
@@ -276,7 +271,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
         lw_dt[plane, :] = -1
         order[0][plane, :] = -1
         busy[plane] = t + 1
-        install(plane, dt, trans != 0, top, lbuf, wts32, wnorm, wcols, st[0], st[1], st[2], st[3], st[4], wsel)
+        install(lbuf[plane], dt, trans != 0, lanes, wts32[plane], wnorm[plane], wcols[plane])
         wdt[plane] = dt
         return True
     row, ref = a[0], a[1]  # ACC: the batch is multiplied out first if one of its ABCs writes this row (the
@@ -285,7 +280,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
         if pend_meta[plane, b, 0] == row:
             waits = True
             break
-    if waits and not flush(plane, wts32[wsel[plane]], wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
+    if waits and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
         return False
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
@@ -342,7 +337,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.zeros((nplanes, lanes, 2, lanes), np.uint8),       # lbuf: [plane, row, byte plane, lane]
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
             np.zeros((lanes, lanes), np.float64),                 # wbuf: weights as float64 for BLAS (mxm.blas_over)
-            hugemem.zeros((2, nplanes, lanes, lanes), np.float32),   # wts32: installed and staged weights
+            hugemem.zeros((nplanes, lanes, lanes), np.float32),   # wts32: installed weights (f16, i8: exact)
             np.zeros((nplanes, 2, lanes), np.float64),            # wnorm: column norms and grains of the weights
             np.full(nplanes, -1, np.int64),                       # wdt
             np.zeros(nplanes, np.int64),                          # busy
@@ -357,10 +352,9 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
              np.zeros((nplanes, acc_rows), np.int64),             #   accumulator rows (0 unused, 1 result pending,
              np.full((nplanes, acc_rows), -1, np.int64)),         #   2 read out) and each row's last ABC
             np.zeros((nplanes, lanes, 2), np.int64),               # wcols: columns of each weight row's nonzeros
-            np.zeros((ABC_BATCH, lanes), np.float64),             # ybuf: a batch's products (scratch, here
+            np.zeros((ABC_BATCH, lanes), np.float64))             # ybuf: a batch's products (scratch, here
                                                                   #   not per call: 142 calls a run of bert_base
                                                                   #   L=1 zeroed 320 KB each, 1.2 ms)
-            mxm_install.stage_workspace(nplanes, lanes))          # the install's staging state
 
 
 def reset(ws):
@@ -369,8 +363,7 @@ def reset(ws):
     in full, and an ABC before the first IW is a dtype hazard (wdt = -1). Of the accumulators
     (10 MB) only the rows an ABC wrote (`clear_written`)."""
     (ring, bank_last, lbuf, lw_dt, _, _, _, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n,
-     order, _, _, st) = ws
-    mxm_install.reset(st)
+     order, _, _) = ws
     ring[0].fill(EMPTY_TAG)
     clear_written(acc_bits, acc_kind)
     for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wdt, -1), (busy, 0), (acc_kind, -1),
@@ -403,7 +396,7 @@ def execute(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles,
     `pack_meta`). (This function allocates the scratch vectors and
     keeps every array alive while `_loop` uses them borrowed: emulator/borrow.py.)"""
     (ring, bank_last, lbuf, lw_dt, wbuf, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x,
-     pend_meta, pend_n, order, wcols, ybuf, st) = ws
+     pend_meta, pend_n, order, wcols, ybuf) = ws
     act = np.zeros(lanes, np.int64)
     sa = np.zeros((4, lanes), np.uint8)
     sb = np.zeros((4, lanes), np.uint8)
@@ -416,8 +409,7 @@ def execute(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles,
                  bank_lo, mem, valid, tables, f16tab, ring[0], ring[1], ring[2], bank_last, lbuf,
                  lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n,
                  order[0], order[1], order[2], wcols, wbuf, act, sa, sb, so, fa, fb, ia, u32, ybuf, links[0], links[1],
-                 links[2], links[3], links[4], links[5], links[6], links[7], links[8], st[0], st[1], st[2], st[3],
-                 st[4], st[5], bulk, hz, counters)
+                 links[2], links[3], links[4], links[5], links[6], links[7], links[8], bulk, hz, counters)
 
 
 @njit(cache=True)
@@ -425,7 +417,7 @@ def _loop(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles, naddr, bank
           mem, valid, tables, f16tab, ring_tag, ring_ref, ring_pay, bank_last, lbuf, lw_dt, wts32,
           wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n, ord_lw, ord_acc, ord_last,
           wcols, wbuf, act, sa, sb, so, fa, fb, ia, u32, ybuf, lk_ctl, lk_last, out_link, out_cycle, out_pay,
-          in_arrival, in_pay, in_head, in_tail, sflt, sint, ssup, btag, lver, wsel, bulk, hz, counters):
+          in_arrival, in_pay, in_head, in_tail, bulk, hz, counters):
     """`execute`'s loop, on borrowed arrays (no reference counting: emulator/borrow.py)."""
     cyc, meta, args = borrowed(cyc), borrowed(meta), borrowed(args)
     bank_base, bank_lo, mem, valid, tables, f16tab = (borrowed(bank_base), borrowed(bank_lo), borrowed(mem),
@@ -444,7 +436,6 @@ def _loop(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles, naddr, bank
     lk_ctl, lk_last, out_link, out_cycle, out_pay = (borrowed(lk_ctl), borrowed(lk_last), borrowed(out_link),
                                                      borrowed(out_cycle), borrowed(out_pay))
     in_arrival, in_pay, in_head, in_tail = borrowed(in_arrival), borrowed(in_pay), borrowed(in_head), borrowed(in_tail)
-    st = (borrowed(sflt), borrowed(sint), borrowed(ssup), borrowed(btag), borrowed(lver), borrowed(wsel))
     f32v = u32.view(np.float32)
     n = cyc.shape[0]
     for i in range(start, n):
@@ -477,15 +468,15 @@ def _loop(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles, naddr, bank
             ok = mem_exec(op, a, ui, p, t, i, li, spd, naddr, mem, valid, bank_base, bank_lo, bank_last,
                           ring, sa, sb, hz, counters)
         elif u == U_MXM and op == C_LW:
-            ok = lw_exec(a, ui, p, t, i, lanes, spd, ring, lbuf, lw_dt, order[0], sa, wts32, st, hz)
+            ok = lw_exec(a, ui, p, t, i, lanes, spd, ring, lbuf, lw_dt, order[0], sa, hz)
         elif u == U_MXM and op == C_ABC:
-            ok = abc_exec(a, ui, p, t, i, li, lanes, spd, acc_rows, pair_cycles, ring, wts32, st[5], wnorm,
+            ok = abc_exec(a, ui, p, t, i, li, lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm,
                           wcols, wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order[1], order[2], sa, pend_x, pend_meta,
                           pend_n, ybuf, act, bulk, hz, counters)
         elif u == U_MXM:
             ok = mxm_exec(op, a, ui, p, t, i, li, lanes, spd, acc_rows, ring, lbuf, lw_dt, wts32,
                           wnorm, wcols, wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x,
-                          pend_meta, pend_n, ybuf, act, bulk, st, hz)
+                          pend_meta, pend_n, ybuf, act, bulk, hz)
         elif u == U_VXM:
             ok = vxm_exec(op, a, p, t, i, li, lanes, spd, ring, f16tab,
                           sa, sb, so, fa, fb, ia, u32, f32v, hz, counters)

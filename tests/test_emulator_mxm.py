@@ -256,42 +256,28 @@ def test_flush_sends_a_batch_to_blas_by_its_work_not_its_length():
 
 
 def test_install_converts_a_buffer_as_the_separate_passes():
-    """An install (mxm_install: LWs that stage rows, an IW that finishes): the weight buffer as
-    float32, transposed or not, with the column norms and row support of the whole matrix
-    (`weight_stats`), for f16 (zero rows and columns, a subnormal, an infinity, a NaN) and i8;
-    LWs of every row, of the first rows only (the others as loaded before: from the other
-    staging buffer, or from the bytes), none (the buffer installed again), of a new dtype."""
+    """IW's conversion (mxm_install.install): the weights as float32, transposed or not, with the
+    column norms and row support of the whole matrix (`weight_stats`), for f16 (zero rows and
+    columns, a subnormal, an infinity, a NaN) and i8."""
     rng = np.random.default_rng(6)
-    lanes, plane = 64, 1
+    lanes = 64
     v = (rng.standard_normal((lanes, lanes)) * 0.1).astype(np.float16)
     v[3], v[:, 5], v[7, 9], v[8, 1], v[9, 2], v[10, 40:] = 0, 0, 2.0**-24, np.inf, np.nan, 0
-    i8 = rng.integers(-128, 128, (lanes, lanes)).astype(np.uint8)
-    lbuf = np.zeros((2, lanes, 2, lanes), np.uint8)      # [plane, row, byte plane, lane]
-    wts32, wnorm, wcols = np.zeros((2, 2, lanes, lanes), np.float32), np.zeros((2, 2, lanes)), np.zeros((2, lanes, 2), np.int64)
-    st = mxm_install.stage_workspace(2, lanes)
-    ex = 0
-    for dt, bits, rows, trans in ((D_F16, v.view(np.uint16), lanes, False), (D_F16, v.view(np.uint16)[::-1], 20, True),
-                                  (D_F16, v.view(np.uint16)[::-1], 20, False), (D_F16, v.view(np.uint16), 0, False),
-                                  (D_F16, v.view(np.uint16), 0, True), (D_I8, i8, 30, False), (D_I8, i8, lanes, True)):
-        for r in range(rows):
-            lbuf[plane, r, 0] = bits[r] & 0xFF
-            if dt == D_F16:
-                lbuf[plane, r, 1] = bits[r] >> 8
-            mxm_install.stage_row(lbuf[plane, r], dt, plane, r, ex, wts32, *st)
-            ex += 1
-        mxm_install.install(plane, dt, trans, rows - 1, lbuf, wts32, wnorm, wcols, *st)
-        b = lbuf[plane].astype(np.uint16)
-        want = ((b[:, 0] | b[:, 1] << 8).view(np.float16).astype(np.float32) if dt == D_F16 else
-                lbuf[plane, :, 0].view(np.int8).astype(np.float32))
-        ref = np.ascontiguousarray(want.T if trans else want)
-        w = wts32[st[5][plane], plane]
-        assert np.array_equal(w, ref, equal_nan=True)
-        ref_norms, ref_cols = _stats(ref)
-        assert np.array_equal(wnorm[plane], ref_norms, equal_nan=True) and np.array_equal(wcols[plane], ref_cols)
-        if dt == D_F16 and rows == lanes:      # the infinity's and the NaN's columns, the subnormal's grain
-            norms = wnorm[plane]
-            assert np.isinf(norms[0, 1]) and np.isinf(norms[1, 1]) and np.isinf(norms[1, 2])
-            assert norms[1, 9] == norms[0, 9] / 2.0**-24
+    for dt, bits in ((D_F16, v.view(np.uint16)), (D_I8, rng.integers(-128, 128, (lanes, lanes)).astype(np.uint8))):
+        buf = np.zeros((lanes, 2, lanes), np.uint8)      # [row, byte plane, lane]
+        buf[:, 0], buf[:, 1] = bits & 0xFF, bits >> 8 if dt == D_F16 else 0
+        want = v.astype(np.float32) if dt == D_F16 else bits.view(np.int8).astype(np.float32)
+        for trans in (False, True):
+            w, norms, wcols = np.zeros((lanes, lanes), np.float32), np.zeros((2, lanes)), np.zeros((lanes, 2), np.int64)
+            mxm_install.install(buf, dt, trans, lanes, w, norms, wcols)
+            ref = np.ascontiguousarray(want.T if trans else want)
+            assert np.array_equal(w, ref, equal_nan=True)
+            ref_norms, ref_cols = _stats(ref)
+            assert np.array_equal(norms, ref_norms, equal_nan=True) and np.array_equal(wcols, ref_cols)
+            if dt == D_F16:      # the infinity's and the NaN's columns, the subnormal's grain
+                inf, nan, sub = (8, 9, 7) if trans else (1, 2, 9)
+                assert np.isinf(norms[0, inf]) and np.isinf(norms[1, inf]) and np.isinf(norms[1, nan])
+                assert norms[1, sub] == norms[0, sub] / 2.0**-24
 
 
 def test_the_core_finds_numpys_blas():
