@@ -20,8 +20,6 @@ when `accum`. The order of the additions does not enter, so every exact method g
 Numbers: f16 and i8 values are multiples of 2^-24 below 2^16, so every product is exact in
 float64 (at most 22 significant bits), a multiple of 2^-48 below 2^32.
 """
-import math
-
 import numpy as np
 from numba import njit
 
@@ -35,16 +33,6 @@ F16_FRACTION = 10         # bits of an f16 significand after the leading one
 F16_GRAIN = -24           # an f16 value is a multiple of 2^-24 (the smallest subnormal)
 F64_INF = 0x7FF0000000000000            # the bits of +inf, and the mask of a float64's magnitude
 F64_MAGNITUDE = 0x7FFFFFFFFFFFFFFF
-
-
-@njit(cache=True, inline="always")
-def grain(smallest):
-    """The largest power of two that every f16 value of magnitude >= `smallest` (> 0; inf: there is
-    none) is a multiple of: 2^(floor(log2 smallest) - 10), at least 2^-24."""
-    if not smallest < np.inf:
-        return 1.0
-    e = math.frexp(smallest)[1] - 1          # floor(log2 smallest)
-    return 2.0 ** max(e - F16_FRACTION, F16_GRAIN)
 
 
 @njit(cache=True)
@@ -220,7 +208,9 @@ def smallest_bits(bits):
 
 @njit(cache=True)
 def grain_of_bits(bits):
-    """`grain` of a normal float64 given by its bit pattern (every f16 value is normal in it)."""
+    """The grain of a normal float64 given by its bit pattern (every f16 value is normal in it): the
+    largest power of two that every f16 value of its magnitude or more is a multiple of
+    (emulator/mxm_install.py `norms`, for the weights)."""
     return 2.0 ** max(((bits >> 52) - 1023) - F16_FRACTION, F16_GRAIN)
 
 

@@ -269,7 +269,7 @@ def test_install_converts_a_buffer_as_the_separate_passes():
         want = v.astype(np.float32) if dt == D_F16 else bits.view(np.int8).astype(np.float32)
         for trans in (False, True):
             w, norms, wcols = np.zeros((lanes, lanes), np.float32), np.zeros((2, lanes)), np.zeros((lanes, 2), np.int64)
-            mxm_install.install(buf, dt, trans, lanes, w, norms, wcols)
+            mxm_install.install(buf, dt, trans, lanes, lanes, w, norms, wcols)
             ref = np.ascontiguousarray(want.T if trans else want)
             assert np.array_equal(w, ref, equal_nan=True)
             ref_norms, ref_cols = _stats(ref)
@@ -278,6 +278,25 @@ def test_install_converts_a_buffer_as_the_separate_passes():
                 inf, nan, sub = (8, 9, 7) if trans else (1, 2, 9)
                 assert np.isinf(norms[0, inf]) and np.isinf(norms[1, inf]) and np.isinf(norms[1, nan])
                 assert norms[1, sub] == norms[0, sub] / 2.0**-24
+
+
+def test_install_keeps_the_rows_not_loaded():
+    """An IW after LWs of the first rows only (of the dtype of the untransposed IW before: core.mxm_exec
+    passes `keep`) converts those and counts the rest as installed: the same weights, norms and
+    row support as an install of the whole buffer."""
+    rng = np.random.default_rng(7)
+    lanes, top = 64, 20
+    bits = (rng.standard_normal((2, lanes, lanes)) * 0.1).astype(np.float16).view(np.uint16)
+    bits[1, :top, 30:] = 0                   # rows with their own support
+    buf = np.zeros((lanes, 2, lanes), np.uint8)
+    w, norms, wcols = np.zeros((lanes, lanes), np.float32), np.zeros((2, lanes)), np.zeros((lanes, 2), np.int64)
+    buf[:, 0], buf[:, 1] = bits[0] & 0xFF, bits[0] >> 8
+    mxm_install.install(buf, D_F16, False, lanes, lanes, w, norms, wcols)
+    buf[:top, 0], buf[:top, 1] = bits[1, :top] & 0xFF, bits[1, :top] >> 8
+    mxm_install.install(buf, D_F16, False, lanes, top, w, norms, wcols)
+    want, want_norms, want_cols = np.zeros_like(w), np.zeros_like(norms), np.zeros_like(wcols)
+    mxm_install.install(buf, D_F16, False, lanes, lanes, want, want_norms, want_cols)
+    assert np.array_equal(w, want) and np.array_equal(norms, want_norms) and np.array_equal(wcols, want_cols)
 
 
 def test_the_core_finds_numpys_blas():
