@@ -2,13 +2,14 @@
 weights, transposed if the IW says so, and the statistics of the weights w that the products
 need (`settle`'s and `support`'s, emulator/mxm.py), all in one sweep over the rows (`install`):
 - wnorm (`column_norms` in emulator/mxm.py's docstrings): per column of w an upper bound of its
-  2-norm and that bound over the column's grain (`grain` of its smallest nonzero magnitude);
-  +inf for a column with a non-finite value;
+  2-norm and that bound over the column's grain (that of its smallest nonzero magnitude:
+  `norms`); +inf for a column with a non-finite value;
 - wcols (`row_support` there): per row of w [first, last + 1) of its nonzero (or non-finite)
   values, [lanes, 0) if none.
 Each row is counted (`columns`, `span`) right after its conversion, while it is in the L1 cache
 (separate passes over the 400 KB of weights for the norms and the support read them twice
-more). The squares are summed in float32 in row order: each square is exact in float32 (an
+more); rows the IW did not load and that are installed already (core.mxm_exec's `keep`) are
+only added to the column sums. The squares are summed in float32 in row order: each square is exact in float32 (an
 f16 square has at most 22 significant bits, an i8 one 14), and a float32 sum of K nonnegative
 terms, in any order and grouping, is within a factor (1 + u)^(K - 1) <= 1 + 2 K u (u = 2^-24)
 of the exact sum, so the sum times that factor, in float64, bounds the squared norm from above
