@@ -25,7 +25,7 @@ function returns the number of instructions executed before it.
 import numpy as np
 from numba import njit
 
-from lpu.emulator import hugemem, vxm_fast
+from lpu.emulator import hugemem, mxm_install, vxm_fast
 from lpu.emulator.borrow import borrowed, prefetch, prefetch_row
 from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, prepare.py, c2c.py as core.X)
     CORE_UNIT_OF, C_READ_REF, H_ADDR, H_BANK, H_BUSY, H_C2C, H_DTYPE, H_FLUSH, H_INSTALL, H_NONE,
@@ -39,7 +39,7 @@ from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, pre
 )
 from lpu.emulator.core_links import L_ON, c2c_exec
 from lpu.emulator.core_sxm import sxm_exec
-from lpu.emulator.mxm import flush, install
+from lpu.emulator.mxm import flush
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     CORE_OPS, C_ABC, C_ADD, C_GATHER, C_IW, C_LW, C_MASK, C_MIN, C_READ, C_WRITE, D_F16, D_F32, D_I32, D_I8,
     WIDTH, f16_value, i8_to_f16_bits, vxm_compute,
@@ -248,7 +248,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
              bulk, hz):
     """IW and ACC (LW and ABC: `lw_exec`, `abc_exec`)."""
     if op == C_IW:
-        if not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
+        if not flush(plane, wts32, wnorm, wcols, wdt[0], pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
             return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
@@ -270,8 +270,9 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
         lw_dt[plane, :] = -1
         order[0][plane, :] = -1
         busy[plane] = t + 1
-        install(lbuf[plane], dt, trans != 0, lanes, wts32[plane], wnorm[plane], wcols[plane])
-        wdt[plane] = dt
+        keep = top + 1 if trans == 0 and wdt[1, plane] == 2 * dt else lanes   # rows after: installed as they are
+        mxm_install.install(lbuf[plane], dt, trans != 0, lanes, keep, wts32[plane], wnorm[plane], wcols[plane])
+        wdt[0, plane], wdt[1, plane] = dt, 2 * dt + (trans != 0)
         return True
     row, ref = a[0], a[1]  # ACC: the batch is multiplied out first if one of its ABCs writes this row (the
     waits = False          # other rows are not observable before their own ACC)
@@ -279,7 +280,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
         if pend_meta[plane, b, 0] == row:
             waits = True
             break
-    if waits and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
+    if waits and not flush(plane, wts32, wnorm, wcols, wdt[0], pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
         return False
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
@@ -338,7 +339,7 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
             np.zeros((lanes, lanes), np.float64),                 # wbuf: weights as float64 for BLAS (mxm.blas_over)
             hugemem.zeros((nplanes, lanes, lanes), np.float32),   # wts32: installed weights (f16, i8: exact)
             np.zeros((nplanes, 2, lanes), np.float64),            # wnorm: column norms and grains of the weights
-            np.full(nplanes, -1, np.int64),                       # wdt
+            np.full((2, nplanes), -1, np.int64),                  # wdt: the installed dtype, and 2 dtype + transposed
             np.zeros(nplanes, np.int64),                          # busy
             hugemem.zeros((nplanes, acc_rows, lanes), np.uint32), # acc_bits
             np.full((nplanes, acc_rows), -1, np.int64),           # acc_kind
@@ -358,9 +359,9 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
 
 def reset(ws):
     """Back to the state of a machine that has run nothing (what a run can observe). Not cleared
-    (3 MB on tsp-v1): the installed weights (wts32, wnorm, wcols), which every IW writes
-    in full, and an ABC before the first IW is a dtype hazard (wdt = -1). Of the accumulators
-    (10 MB) only the rows an ABC wrote (`clear_written`)."""
+    (3 MB on tsp-v1): the installed weights (wts32, wnorm, wcols), which a plane's first IW
+    writes in full (wdt = -1: mxm_exec's `keep`); an ABC before it is a dtype hazard. Of the
+    accumulators (10 MB) only the rows an ABC wrote (`clear_written`)."""
     (ring, bank_last, lbuf, lw_dt, _, _, _, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n,
      order, _, _) = ws
     ring[0].fill(EMPTY_TAG)
@@ -470,7 +471,7 @@ def _loop(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles, naddr, bank
             ok = lw_exec(a, ui, p, t, i, lanes, spd, ring, lbuf, lw_dt, order[0], sa, hz)
         elif u == U_MXM and op == C_ABC:
             ok = abc_exec(a, ui, p, t, i, li, lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm,
-                          wcols, wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order[1], order[2], sa, pend_x, pend_meta,
+                          wcols, wbuf, wdt[0], busy, acc_bits, acc_kind, acc_ready, order[1], order[2], sa, pend_x, pend_meta,
                           pend_n, ybuf, act, bulk, hz, counters)
         elif u == U_MXM:
             ok = mxm_exec(op, a, ui, p, t, i, li, lanes, spd, acc_rows, ring, lbuf, lw_dt, wts32,

@@ -1,6 +1,7 @@
-"""Jitted MXM arithmetic of the core (emulator/core.py): weight install, the products of pending
-ABCs (`flush`: short batches by `products_over`, the sums in emulator/mxm_short.py, large ones by
-BLAS, `blas_over`), accumulation.
+"""Jitted MXM arithmetic of the core (emulator/core.py): the products of pending ABCs (`flush`:
+short batches by `products_over`, the sums in emulator/mxm_short.py, large ones by BLAS,
+`blas_over`), accumulation. (The weight install, with the weights' `column_norms` and
+`row_support`: emulator/mxm_install.py.)
 
 The accumulation contract (docs/accumulation.md): an ABC's dot product over the lanes is the
 EXACT sum of the exact products x[k] * w[k, n], rounded once to f32 (nearest even) for f16, or
@@ -20,12 +21,10 @@ when `accum`. The order of the additions does not enter, so every exact method g
 Numbers: f16 and i8 values are multiples of 2^-24 below 2^16, so every product is exact in
 float64 (at most 22 significant bits), a multiple of 2^-48 below 2^32.
 """
-import math
-
 import numpy as np
 from numba import njit
 
-from lpu.emulator.arith import D_I8, f16_value, wrap32
+from lpu.emulator.arith import D_I8, wrap32
 from lpu.emulator.blas import dgemm
 from lpu.emulator.core_streams import H_FLUSH
 from lpu.emulator.mxm_short import sums_over
@@ -35,16 +34,6 @@ F16_FRACTION = 10         # bits of an f16 significand after the leading one
 F16_GRAIN = -24           # an f16 value is a multiple of 2^-24 (the smallest subnormal)
 F64_INF = 0x7FF0000000000000            # the bits of +inf, and the mask of a float64's magnitude
 F64_MAGNITUDE = 0x7FFFFFFFFFFFFFFF
-
-
-@njit(cache=True, inline="always")
-def grain(smallest):
-    """The largest power of two that every f16 value of magnitude >= `smallest` (> 0; inf: there is
-    none) is a multiple of: 2^(floor(log2 smallest) - 10), at least 2^-24."""
-    if not smallest < np.inf:
-        return 1.0
-    e = math.frexp(smallest)[1] - 1          # floor(log2 smallest)
-    return 2.0 ** max(e - F16_FRACTION, F16_GRAIN)
 
 
 @njit(cache=True)
@@ -145,26 +134,6 @@ def support(x, n, wcols, wnorm, act):
 
 
 @njit(cache=True)
-def row_support(w, out):
-    """out[k] = [first, last + 1) of the nonzero (or non-finite) weights of row k ([lanes, 0) if none).
-    A row nonzero at both ends (dense) is known at once; another is scanned whole, branch-free
-    (a min and a max over int32: a loop that vectorizes; a scan from each end that stops at the
-    first nonzero took ~80 us a tile of packed attention heads, mostly zeros, against ~12)."""
-    lanes = w.shape[1]
-    for k in range(w.shape[0]):
-        row = w[k]
-        if row[0] != 0.0 and row[lanes - 1] != 0.0:
-            out[k, 0], out[k, 1] = 0, lanes
-            continue
-        lo, hi = np.int32(lanes), np.int32(0)
-        for n in range(lanes):
-            nz = row[n] != 0.0
-            lo = min(lo, np.int32(n) if nz else np.int32(lanes))
-            hi = max(hi, np.int32(n + 1) if nz else np.int32(0))
-        out[k, 0], out[k, 1] = (lo, hi) if lo < hi else (lanes, 0)
-
-
-@njit(cache=True)
 def products(x, n, w, dt, y, exact, wnorm, wcols, act):
     """y[b, m] = the contract's result for the rows b < n of x (each weight row read once for
     the batch). f16 with `exact` (the reference path, every lane and column): the high and low
@@ -240,7 +209,9 @@ def smallest_bits(bits):
 
 @njit(cache=True)
 def grain_of_bits(bits):
-    """`grain` of a normal float64 given by its bit pattern (every f16 value is normal in it)."""
+    """The grain of a normal float64 given by its bit pattern (every f16 value is normal in it): the
+    largest power of two that every f16 value of its magnitude or more is a multiple of
+    (emulator/mxm_install.py `norms`, for the weights)."""
     return 2.0 ** max(((bits >> 52) - 1023) - F16_FRACTION, F16_GRAIN)
 
 
@@ -308,78 +279,6 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na, ieee):
                     yb[m] = exact_dot(xb, w, clo + m, cs, act, na)
             redo += nd
     return redo
-
-
-@njit(cache=True)
-def install(buf, dt, trans, lanes, w, wnorm, wcols):
-    """w[k, n] = the weight buffer buf[row, byte plane, lane] (transposed in place if trans) as
-    float32 numbers (f16 and i8 values are exact in it); wnorm: `column_norms` (for `settle`);
-    wcols: `row_support`."""
-    for k in range(lanes):
-        lo, hi, row = buf[k, 0], buf[k, 1], w[k]
-        for n in range(lanes):
-            row[n] = weight(lo[n], hi[n], dt)
-    if trans:
-        for k0 in range(0, lanes, 32):
-            for n0 in range(k0, lanes, 32):
-                for k in range(k0, min(k0 + 32, lanes)):
-                    for n in range(max(n0, k + 1), min(n0 + 32, lanes)):
-                        w[k, n], w[n, k] = w[n, k], w[k, n]
-    column_norms(w, wnorm)
-    row_support(w, wcols)
-
-
-@njit(cache=True, inline="always")
-def weight(lo, hi, dt):
-    if dt == D_I8:
-        return np.float32(np.int8(lo))
-    return f16_value(lo, hi)
-
-
-@njit(cache=True, inline="always")
-def _nonzero_bits(b):
-    """The magnitude bits of a float32 given by its bits b, +inf's for a zero."""
-    m = b & np.uint32(0x7FFFFFFF)
-    return m if m != 0 else np.uint32(0x7F800000)
-
-
-@njit(cache=True)
-def column_norms(w, out):
-    """For the float32 weights w: out[0, n] = an upper bound of the 2-norm of w[:, n]; out[1, n] =
-    that bound over the column's grain, the largest power of two that every f16 value of the
-    column is a multiple of (`grain` of its smallest nonzero magnitude, found as the smallest
-    nonzero magnitude bit pattern: an integer min, which vectorizes); +inf where the column has
-    a non-finite value (`settle`'s exactness test, here once per IW rather than once a batch).
-    One pass over the rows, four a pass. The squares are summed in float32:
-    each is exact there (an f16 square has at most 22 significant bits, an i8 one 14), and a
-    float32 sum of K nonnegative terms, in any order and grouping, is within a factor
-    (1 + u)^(K - 1) <= 1 + 2 K u (u = 2^-24)
-    of the exact sum, so the sum times that factor, in float64, bounds the squared norm from
-    above; the last factor covers the float64 roundings. (Float64 squares, as before, read the
-    same 400 KB of weights and converted each: ~20 vs ~18 us.)"""
-    lanes, kk = w.shape[1], w.shape[0]
-    acc = np.zeros(lanes, np.float32)
-    small = np.full(lanes, 0x7F800000, np.uint32)       # +inf: no nonzero value yet
-    bits = w.view(np.uint32)
-    k = 0
-    while k + 4 <= kk:          # four rows a pass: a quarter of the loads and stores of acc and small
-        r0, r1, r2, r3, b0, b1, b2, b3 = w[k], w[k + 1], w[k + 2], w[k + 3], bits[k], bits[k + 1], bits[k + 2], bits[k + 3]
-        for n in range(lanes):
-            acc[n] += (r0[n] * r0[n] + r1[n] * r1[n]) + (r2[n] * r2[n] + r3[n] * r3[n])
-            small[n] = min(small[n], min(min(_nonzero_bits(b0[n]), _nonzero_bits(b1[n])),
-                                         min(_nonzero_bits(b2[n]), _nonzero_bits(b3[n]))))
-        k += 4
-    for k in range(k, kk):
-        row, rb = w[k], bits[k]
-        for n in range(lanes):
-            acc[n] += row[n] * row[n]
-            small[n] = min(small[n], _nonzero_bits(rb[n]))
-    smallest = small.view(np.float32)
-    grow = 1.0 + 2.0 * w.shape[0] * 2.0 ** -24
-    for n in range(lanes):
-        out[0, n] = np.sqrt(np.float64(acc[n]) * grow) * (1.0 + 2.0 ** -40)
-        q = out[0, n] / grain(np.float64(smallest[n]))      # exact: a quotient by a power of two
-        out[1, n] = q if q < np.inf else np.inf           # a NaN's column too (no proof: `settle`)
 
 
 def blas_products(x, w, dt, wnorm, wcols):

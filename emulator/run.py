@@ -351,7 +351,7 @@ def _bulk(ws, plane: int) -> None:
     (mxm.settle; i8: BLAS's float64 sum is exact)."""
     _, _, _, _, _, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _, wcols, _ = ws
     n = int(pend_n[plane])
-    y = mxm.blas_products(pend_x[plane, :n], wts32[plane], wdt[plane], wnorm[plane], wcols[plane])
+    y = mxm.blas_products(pend_x[plane, :n], wts32[plane], wdt[0, plane], wnorm[plane], wcols[plane])
     mxm.accumulate(acc_bits[plane], pend_meta[plane], n, y)
     pend_n[plane] = 0
 

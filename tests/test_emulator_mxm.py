@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from lpu.api import inputs_for
 from lpu.compiler.driver import compile_file
-from lpu.emulator import blas, mxm, mxm_short
+from lpu.emulator import blas, mxm, mxm_install, mxm_short
 from lpu.emulator.arith import D_F16, D_I8
 from lpu.emulator.run import run
 
@@ -57,10 +57,15 @@ def _bits(y) -> np.ndarray:
     return bits
 
 
+def _stats(w):
+    """The column norms and the row support of the weights w as an IW makes them (f16 or i8 values)."""
+    norms, wcols = np.zeros((2, w.shape[1])), np.zeros((w.shape[0], 2), np.int64)
+    mxm_install.weight_stats(np.ascontiguousarray(w, np.float32), norms, wcols)
+    return norms, wcols
+
+
 def _support(w):
-    wcols = np.zeros((w.shape[0], 2), np.int64)
-    mxm.row_support(w, wcols)
-    return wcols, np.zeros(w.shape[0], np.int64)
+    return _stats(w)[1], np.zeros(w.shape[0], np.int64)
 
 
 def in_core_blas(x, w, dt, norms, wcols):
@@ -81,8 +86,8 @@ def both_paths(x, w):
     """The row path (every lane and column), the short path and the bulk paths (each over the
     support: the lanes where x is nonzero, the columns where those weight rows are)."""
     n = x.shape[0]
-    norms, w32 = np.zeros((2, w.shape[1])), w.astype(np.float32)      # the core's weights: f32
-    mxm.column_norms(w32, norms)
+    w32 = w.astype(np.float32)      # the core's weights: f32
+    norms = _stats(w32)[0]
     wcols, act = _support(w)
     row, short = np.zeros((n, w.shape[1])), np.zeros((n, w.shape[1]))
     mxm.products(x, n, w, D_F16, row, True, norms, wcols, act)
@@ -186,8 +191,7 @@ def test_block_diagonal_weights_skip_only_exact_zeros():
 def _settled(x, w):
     """settle's results for x @ w (in float64) and how many elements it recomputed; the
     results checked against the row path's exact sums."""
-    norms, (wcols, act) = np.zeros((2, w.shape[1])), _support(w)
-    mxm.column_norms(w.astype(np.float32), norms)
+    norms, (wcols, act) = _stats(w)[0], _support(w)
     y, want = x @ w, np.zeros((x.shape[0], w.shape[1]))
     redo = mxm.settle(x, x.shape[0], w, norms, y, 0, w.shape[1], np.arange(w.shape[0]), w.shape[0], False)
     mxm.products(x, x.shape[0], w, D_F16, want, True, norms, wcols, act)
@@ -222,8 +226,7 @@ def test_short_path_keeps_its_non_finite_sums():
     x[0, 7], x[1, 9], x[1, 10], x[2, 11], w[5, 3] = np.inf, np.inf, -np.inf, np.nan, np.inf
     x[3, 5], w[7:, 4] = 0.0, 0.0         # row 3: inf * 0 in column 3 only; column 4: few nonzero weights
     w32, want = w.astype(np.float32), _bits(reference(x, w))
-    norms, (wcols, act) = np.zeros((2, k)), _support(w32)
-    mxm.column_norms(w32, norms)
+    (norms, wcols), act = _stats(w32), np.zeros(k, np.int64)
     for ieee in (True, False):
         na, lo, hi, tight = mxm.support(x, 4, wcols, norms, act)
         assert (na, lo, hi, tight) == (k, 0, k, False)
@@ -261,9 +264,7 @@ def test_flush_sends_a_batch_to_blas_by_its_work_not_its_length():
     lanes, n = 320, 4
     rng = np.random.default_rng(5)
     w = (rng.standard_normal((lanes, lanes)) * 0.1).astype(np.float16).astype(np.float32)
-    wnorm, wcols = np.zeros((2, lanes)), np.zeros((lanes, 2), np.int64)
-    mxm.column_norms(w, wnorm)
-    mxm.row_support(w, wcols)
+    wnorm, wcols = _stats(w)
     fn = blas.dgemm_address()
     for half, dgemm, handed in ((True, fn, False), (True, 0, False), (False, fn, fn == 0), (False, 0, True)):
         x = rng.standard_normal((core.ABC_BATCH, lanes)).astype(np.float16).astype(np.float64)
@@ -283,10 +284,9 @@ def test_flush_sends_a_batch_to_blas_by_its_work_not_its_length():
 
 
 def test_install_converts_a_buffer_as_the_separate_passes():
-    """IW's conversion (mxm.install): the weights as float32, transposed or not, with the column
-    norms and norms over grains of `column_norms` and the row support of `row_support`, for f16
-    (zero rows and columns, a subnormal, an infinity, a NaN) and i8: what a faster install (one
-    pass, a cache by content) has to keep."""
+    """IW's conversion (mxm_install.install): the weights as float32, transposed or not, with the
+    column norms and row support of the whole matrix (`weight_stats`), for f16 (zero rows and
+    columns, a subnormal, an infinity, a NaN) and i8."""
     rng = np.random.default_rng(6)
     lanes = 64
     v = (rng.standard_normal((lanes, lanes)) * 0.1).astype(np.float16)
@@ -297,16 +297,34 @@ def test_install_converts_a_buffer_as_the_separate_passes():
         want = v.astype(np.float32) if dt == D_F16 else bits.view(np.int8).astype(np.float32)
         for trans in (False, True):
             w, norms, wcols = np.zeros((lanes, lanes), np.float32), np.zeros((2, lanes)), np.zeros((lanes, 2), np.int64)
-            mxm.install(buf, dt, trans, lanes, w, norms, wcols)
+            mxm_install.install(buf, dt, trans, lanes, lanes, w, norms, wcols)
             ref = np.ascontiguousarray(want.T if trans else want)
             assert np.array_equal(w, ref, equal_nan=True)
-            ref_norms, (ref_cols, _) = np.zeros((2, lanes)), _support(ref)
-            mxm.column_norms(ref, ref_norms)
+            ref_norms, ref_cols = _stats(ref)
             assert np.array_equal(norms, ref_norms, equal_nan=True) and np.array_equal(wcols, ref_cols)
             if dt == D_F16:      # the infinity's and the NaN's columns, the subnormal's grain
                 inf, nan, sub = (8, 9, 7) if trans else (1, 2, 9)
                 assert np.isinf(norms[0, inf]) and np.isinf(norms[1, inf]) and np.isinf(norms[1, nan])
                 assert norms[1, sub] == norms[0, sub] / 2.0**-24
+
+
+def test_install_keeps_the_rows_not_loaded():
+    """An IW after LWs of the first rows only (of the dtype of the untransposed IW before: core.mxm_exec
+    passes `keep`) converts those and counts the rest as installed: the same weights, norms and
+    row support as an install of the whole buffer."""
+    rng = np.random.default_rng(7)
+    lanes, top = 64, 20
+    bits = (rng.standard_normal((2, lanes, lanes)) * 0.1).astype(np.float16).view(np.uint16)
+    bits[1, :top, 30:] = 0                   # rows with their own support
+    buf = np.zeros((lanes, 2, lanes), np.uint8)
+    w, norms, wcols = np.zeros((lanes, lanes), np.float32), np.zeros((2, lanes)), np.zeros((lanes, 2), np.int64)
+    buf[:, 0], buf[:, 1] = bits[0] & 0xFF, bits[0] >> 8
+    mxm_install.install(buf, D_F16, False, lanes, lanes, w, norms, wcols)
+    buf[:top, 0], buf[:top, 1] = bits[1, :top] & 0xFF, bits[1, :top] >> 8
+    mxm_install.install(buf, D_F16, False, lanes, top, w, norms, wcols)
+    want, want_norms, want_cols = np.zeros_like(w), np.zeros_like(norms), np.zeros_like(wcols)
+    mxm_install.install(buf, D_F16, False, lanes, lanes, want, want_norms, want_cols)
+    assert np.array_equal(w, want) and np.array_equal(norms, want_norms) and np.array_equal(wcols, want_cols)
 
 
 def test_the_core_finds_numpys_blas():
@@ -382,7 +400,7 @@ def test_bundled_prefills_bulk_equals_row(name, tsp):
 
 
 def test_column_norms_bound_the_norms_from_above():
-    """`column_norms`' first row is an upper bound of each column's exact 2-norm (settle's proofs
+    """The column norms' first row (mxm_install: `column_norms`) is an upper bound of each column's exact 2-norm (settle's proofs
     need no less), at most a relative 10^-4 above it, for K = 320 f16 columns of typical, of
     one large and many small, and of equal values (a float32 sum's worst cases), and i8."""
     rng = np.random.default_rng(11)
@@ -390,8 +408,7 @@ def test_column_norms_bound_the_norms_from_above():
     cols = [rng.standard_normal(k), np.r_[60000.0, np.full(k - 1, 2.0**-24)], np.full(k, 3.0),
             np.r_[np.full(k // 2, 1.0), np.full(k // 2, 1.0 + 2.0**-10)], rng.integers(-128, 128, k)]
     w = np.stack([np.asarray(c, np.float64) for c in cols], 1).astype(np.float16).astype(np.float32)
-    out = np.zeros((2, w.shape[1]))
-    mxm.column_norms(w, out)
+    out = _stats(w)[0]
     for n in range(w.shape[1]):
         exact = math.sqrt(math.fsum(float(v) ** 2 for v in w[:, n].astype(np.float64)))
         assert exact <= out[0, n] <= exact * (1 + 1e-4), n
