@@ -1,7 +1,7 @@
 """Jitted MXM arithmetic of the core (emulator/core.py): the products of pending ABCs (`flush`:
 short batches by `products_over`, the sums in emulator/mxm_short.py, large ones by BLAS,
-`blas_over`), accumulation. (The weight install, with the weights' `column_norms` and
-`row_support`: emulator/mxm_install.py.)
+`blas_over`), accumulation. (The weight install, with the weights' column norms `wnorm` and
+row spans `wcols`: emulator/mxm_install.py.)
 
 The accumulation contract (docs/accumulation.md): an ABC's dot product over the lanes is the
 EXACT sum of the exact products x[k] * w[k, n], rounded once to f32 (nearest even) for f16, or
@@ -97,7 +97,7 @@ def exact_dot(x, w, m, c, act, na):
 def support(x, n, wcols, wnorm, act):
     """The part of the product x[:n] @ w that can be nonzero: (na, lo, hi, finite) with act[:na] the
     lanes k where some x[b, k] != 0 and [lo, hi) the columns where some weight of those rows is
-    nonzero (wcols: `row_support` of w). Every other product is an exact zero, so the exact sum
+    nonzero (wcols: the install's row spans of w, mxm_install). Every other product is an exact zero, so the exact sum
     of an element is the exact sum over act[:na], and outside [lo, hi) it is +0: valid only
     where every operand is finite (x here, w by its column norms); otherwise every lane and
     column (na = K, [0, lanes), finite False). (Integer passes over the magnitude bits, which
@@ -138,8 +138,8 @@ def products(x, n, w, dt, y, exact, wnorm, wcols, act):
     """y[b, m] = the contract's result for the rows b < n of x (each weight row read once for
     the batch). f16 with `exact` (the reference path, every lane and column): the high and low
     parts of `exact_dot` in y and a second array; else a float64 sum in lane order over the
-    `support` (wcols: `row_support` of w, act: int64 scratch [K]), settled like a BLAS product
-    (`settle`, wnorm: `column_norms` of w)."""
+    `support` (wcols: the install's row spans of w, act: int64 scratch [K]), settled like a BLAS product
+    (`settle`, wnorm: the install's column norms of w)."""
     lanes = w.shape[1]
     if dt == D_I8 or not exact:         # i8: integers below 2^23, every float64 sum is exact
         if exact:
@@ -221,7 +221,7 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na, ieee):
     the columns [clo, chi) into the contract's results (the other columns are exact zeros:
     `support`): keep round(y) where it is provably the rounding of the exact sum, recompute the
     rest exactly over the lanes act[:na] (`support`). Returns how many elements were recomputed.
-    Three proofs (wnorm: `column_norms`, wnorm[0] the column norms, wnorm[1] each norm over its
+    Three proofs (wnorm: the install's, mxm_install, wnorm[0] the column norms, wnorm[1] each norm over its
     column's grain):
     - exact: the products of x[b] and w[:, n] are multiples of g = grain(x[b]) grain(w[:, n]) (powers
       of two), and sum |p| <= |x[b]|_2 |w[:, n]|_2 (Cauchy-Schwarz); where that is at most 2^53 g,
@@ -243,7 +243,7 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na, ieee):
     with r the largest wnorm[1] of the columns, so each column's own test holds too) is only
     rounded. Else, per row, one branch-free pass that vectorizes rounds the proved elements and
     marks the doubtful ones NaN; a second recomputes them only if there are any. (The quotients are
-    `column_norms`' at IW, not divided here per call: a short batch's settling was ~1.1 us a
+    the install's, made at IW, not divided here per call: a short batch's settling was ~1.1 us a
     call of 320 divisions and a scratch array, with ~0.07 us a row.)"""
     cs = split_scale(w.shape[0])
     c = na * 2.0 ** -MANTISSA
@@ -251,7 +251,7 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na, ieee):
     wn, wr = wnorm[0, clo:chi], wnorm[1, clo:chi]
     ratio = 0.0
     for m in range(chi - clo):
-        ratio = max(ratio, wr[m])           # +inf for a non-finite column (`column_norms`)
+        ratio = max(ratio, wr[m])           # +inf for a non-finite column (mxm_install `norms`)
     xbits = x.view(np.int64)
     for b in range(n):
         xb = x[b]

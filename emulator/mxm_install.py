@@ -1,10 +1,10 @@
 """Jitted weight install of the MXM (emulator/core.py, at IW): the weight buffer's rows as float32
 weights, transposed if the IW says so, and the statistics of the weights w that the products
 need (`settle`'s and `support`'s, emulator/mxm.py), all in one sweep over the rows (`install`):
-- wnorm (`column_norms` in emulator/mxm.py's docstrings): per column of w an upper bound of its
+- wnorm: per column of w an upper bound of its
   2-norm and that bound over the column's grain (that of its smallest nonzero magnitude:
   `norms`); +inf for a column with a non-finite value;
-- wcols (`row_support` there): per row of w [first, last + 1) of its nonzero (or non-finite)
+- wcols: per row of w [first, last + 1) of its nonzero (or non-finite)
   values, [lanes, 0) if none.
 Each row is counted (`columns`, `span`) right after its conversion, while it is in the L1 cache
 (separate passes over the 400 KB of weights for the norms and the support read them twice

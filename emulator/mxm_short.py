@@ -11,7 +11,7 @@ lanes at a time: the sums loaded and stored once per eight lanes), then one (`ro
 lanes). Each row's products of a pass are added to its sum as one chain of fused multiply-adds
 (`contract`: every product of two f16 or i8 values is exact in float64, so a*b + c rounds once
 either way). With `tight` (every operand finite) a group of lanes adds only over its weight rows'
-nonzero columns (wcols: `row_support`): the products it skips are exact zeros (block-diagonal
+nonzero columns (wcols: the install's row spans, emulator/mxm_install.py): the products it skips are exact zeros (block-diagonal
 weights: packed attention heads).
 
 Microbenchmark, min of 25 interleaved trials, against four lanes and two rows a pass (the kernel

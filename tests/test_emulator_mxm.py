@@ -400,7 +400,7 @@ def test_bundled_prefills_bulk_equals_row(name, tsp):
 
 
 def test_column_norms_bound_the_norms_from_above():
-    """The column norms' first row (mxm_install: `column_norms`) is an upper bound of each column's exact 2-norm (settle's proofs
+    """The column norms' first row (mxm_install `norms`) is an upper bound of each column's exact 2-norm (settle's proofs
     need no less), at most a relative 10^-4 above it, for K = 320 f16 columns of typical, of
     one large and many small, and of equal values (a float32 sum's worst cases), and i8."""
     rng = np.random.default_rng(11)
