@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lpu.compiler.place_core import DIAG0
 from lpu.isa.opcodes import NARGS
-
-DIAG0 = 1 << 16       # diagonal k is stored at k + DIAG0 (k = T + koff may be negative)
 
 
 @dataclass(slots=True)

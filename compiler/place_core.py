@@ -35,7 +35,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from lpu.compiler.chainspec import DIAG0
+DIAG0 = 1 << 16       # diagonal k is stored at k + DIAG0 (k = T + koff may be negative); defined here,
+                      # in the jitted module that freezes it, so that Numba's cache follows a change
 
 OK, GROW, WIDE, STUCK, FAR = 0, 1, 2, 3, 4
 NONE = -(1 << 60)
