@@ -178,6 +178,9 @@ def emulator_speed(b: Bench) -> list:
                 item(sec, f"{label}, {how}: emulated cycles/s, resident", round(kcps), "cycles/s", ">= 1M",
                      kcps >= 1e6, **common),
                 item(sec, f"{label}, {how}: instructions/s", round(r["instructions"] / emu), "instr/s", **common),
+                item(sec, f"{label}, {how}: numpy float32's own cycles/s", round(r["cycles"] / npt), "cycles/s",
+                     note="the program's cycles over numpy's time: the rate at which numpy alone computes it",
+                     **common),
                 item(sec, f"{label}, {how}: emulation / numpy", round(ratio, 2), "x", target, ratio <= limit,
                      blas=r["blas"], threads=r["threads"], **common),
             ]
