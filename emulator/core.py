@@ -331,12 +331,13 @@ def reset(ws):
     """Back to the state of a machine that has run nothing (what a run can observe). Not cleared
     (3 MB on tsp-v1): the converted weights (wts32, wnorm, wcols), none of which counts as
     installed (wdt[2] = lanes: mxm_install.install_lazily); an ABC before a plane's first IW is a
-    dtype hazard. Of the accumulators (10 MB) only the rows an ABC wrote (`clear_written`)."""
+    dtype hazard; the weight buffer's sides 1 (lrows: every row's side 0 is installed, and an LW
+    writes a row's other side before an IW installs it). Of the accumulators (10 MB) only the rows an ABC wrote (`clear_written`)."""
     (ring, bank_last, lbuf, lw_dt, _, _, _, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n,
      order, _, _, lrows) = ws
     ring[0].fill(EMPTY_TAG)
     clear_written(acc_bits, acc_kind)
-    for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wdt, -1), (busy, 0), (acc_kind, -1),
+    for a, v in ((bank_last, -1), (lbuf[:, :, 0], 0), (lw_dt, -1), (wdt, -1), (busy, 0), (acc_kind, -1),
                  (acc_ready, 0), (tbuf, 0), (pend_n, 0), (order[0], -1), (order[1], 0), (order[2], -1),
                  (lrows, 0)):
         a.fill(v)

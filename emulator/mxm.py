@@ -29,7 +29,7 @@ from numba import njit
 from lpu.emulator.arith import D_F16, D_I8, wrap32
 from lpu.emulator.blas import dgemm
 from lpu.emulator.core_streams import H_FLUSH
-from lpu.emulator.mxm_direct import DIRECT_ROWS, F64_INF, F64_MAGNITUDE, active_lanes, settle_sums, sums, weight_grain
+from lpu.emulator.mxm_direct import DIRECT_ROWS, F64_INF, F64_MAGNITUDE, active_lanes, exact_rows, magnitudes, settle_sums, sums, weight_bounds
 from lpu.emulator.mxm_install import F16_FRACTION, F16_GRAIN, installed_finite, materialize
 from lpu.emulator.mxm_short import sums_over
 
@@ -372,24 +372,29 @@ def flush(plane, lbuf, lrows, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_
 @njit(cache=True)
 def direct(plane, x, n, lbuf, lrows, wts32, wnorm, wcols, wdt, y, wbuf, act):
     """y[:n] = the contract's results for the rows b < n of x (f16) from the installed buffer's bytes
-    (emulator/mxm_direct.py: the float64 sums and their magnitudes' sums, wbuf[b], settled by those;
-    wbuf's next rows are its scratch);
+    (emulator/mxm_direct.py: the float64 sums, rounded where `exact_rows` proves a row exact, else
+    settled by the sums of the products' magnitudes, wbuf[b]; wbuf's rows n.. are its scratch);
     the elements it cannot prove are recomputed exactly (`exact_dot`) from the weights, converted
     then (mxm_install.materialize). False (nothing done) where an operand is not finite."""
     na, big = active_lanes(x, n, act)
     if big >= F64_INF or not installed_finite(lrows[plane]):
         return False
-    cs, lanes = split_scale(wts32.shape[1]), wts32.shape[1]
-    wf = wbuf[n:n + 4].view(np.float32).reshape(8, lanes)    # (scratch rows of wbuf, after the magnitudes')
-    small, ints = sums(x, n, lbuf[plane], lrows[plane], act, na, y, wbuf, wf, wbuf[n + 4])
-    wg = weight_grain(small, ints)
-    xbits = x.view(np.int64)
+    lanes = wts32.shape[1]
+    wf = wbuf[n:n + 4].view(np.float32).reshape(8, lanes)
+    small, large, ints = sums(x, n, lbuf[plane], lrows[plane], act, na, y, wf, wbuf[n + 4])
+    g, top = weight_bounds(small, large, ints)
     for b in range(n):
-        xs = smallest_bits(xbits[b])
-        if settle_sums(y[b], wbuf[b], na, wg * (grain_of_bits(xs) if xs < F64_INF else 1.0)):
+        yb = y[b]
+        if exact_rows(x[b], act, na, top, g):
+            for m in range(lanes):
+                yb[m] = np.float64(np.float32(yb[m])) + 0.0
+            continue
+        magnitudes(x[b], lbuf[plane], lrows[plane], act, na, wbuf[b], wf[0])
+        xs = smallest_bits(x[b].view(np.int64))
+        if settle_sums(yb, wbuf[b], na, g * (grain_of_bits(xs) if xs < F64_INF else 1.0)):
             materialize(plane, lbuf, lrows, wts32, wnorm, wcols, wdt)
-            for m in range(y.shape[1]):
-                if y[b, m] != y[b, m]:
-                    y[b, m] = exact_dot(x[b], wts32[plane], m, cs, act, na)
+            for m in range(lanes):
+                if yb[m] != yb[m]:
+                    yb[m] = exact_dot(x[b], wts32[plane], m, split_scale(lanes), act, na)
     wdt[3, plane] += n
     return True

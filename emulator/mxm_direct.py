@@ -50,22 +50,22 @@ def active_lanes(x, n, act):
 
 
 @njit(cache=True)
-def sums(x, n, buf, rows, act, na, y, s, wf, xs):
-    """y[b, m] = the float64 sum of x[b, k] w[k, m] and s[b, m] that of |x[b, k] w[k, m]| over the
-    lanes act[:na], for the rows b < n, with w[k] the f16 bytes buf[k, rows[k, 0]] (the installed
-    side of each row: mxm_install), finite. Eight weight rows at a time are converted to float32
-    into wf [8, lanes] (in the L1 cache; xs: float64 scratch [8]: a loop over the sixteen byte rows converting where they are
-    used, 15 us for 1 x 320 x 320, did not vectorize as well as the two loops, 12.5), then
-    multiplied into each row's sums (`pass8`). Returns the smallest nonzero magnitude of those
-    weights that are not integers (mxm_install.lw_exec's ROW_INTEGERS: a row of i8 values, as
-    decode's weights are, is a multiple of 1) as f16 bits minus one (0xFFFF: none; an unsigned
-    minimum in the loop that converts, which takes 8 us for 320 x 320 where a plain conversion
-    takes 5) and whether some row of integers was converted."""
+def sums(x, n, buf, rows, act, na, y, wf, xs):
+    """y[b, m] = the float64 sum of x[b, k] w[k, m] over the lanes act[:na], for the rows b < n,
+    with w[k] the f16 bytes buf[k, rows[k, 0]] (the installed side of each row: mxm_install),
+    finite. Eight weight rows at a time are converted to float32 into wf [8, lanes] (in the L1
+    cache; xs: float64 scratch [8]), then multiplied into each row's sums (`pass8`): a loop over
+    the sixteen byte rows converting where they are used, 15 us for 1 x 320 x 320, did not
+    vectorize as well as the two loops, 12.5 (with the magnitudes' sums, since left to
+    `magnitudes`). Returns, for `weight_bounds`, the f16 magnitude bits of the rows that are not
+    i8 values (mxm_install.lw_exec's ROW_INTEGERS): their smallest nonzero one minus one (0xFFFF:
+    none) and their largest (unsigned minimum and maximum in the loop that converts: 8 us for 320 x
+    320 where a plain conversion takes 5), and whether rows of i8 values were converted."""
     lanes = y.shape[1]
     for b in range(n):
         for m in range(lanes):
-            y[b, m], s[b, m] = 0.0, 0.0
-    small, ints = np.uint16(0xFFFF), False
+            y[b, m] = 0.0
+    small, big, ints = np.uint16(0xFFFF), np.uint16(0), False
     for j in range(0, na, 8):
         g = min(8, na - j)
         for i in range(8):
@@ -81,39 +81,76 @@ def sums(x, n, buf, rows, act, na, y, s, wf, xs):
                 else:
                     for m in range(lanes):
                         d[m] = f16_finite(lo[m], hi[m])
-                        v = np.uint16((np.uint16(hi[m] & 0x7F) << np.uint16(8)) | np.uint16(lo[m])) - np.uint16(1)
-                        small = min(small, np.uint16(v))   # (zero wraps to 0xFFFF)
+                        v = np.uint16((np.uint16(hi[m] & 0x7F) << np.uint16(8)) | np.uint16(lo[m]))
+                        small = min(small, np.uint16(v - np.uint16(1)))     # (zero wraps to 0xFFFF)
+                        big = max(big, v)
             else:
                 for m in range(lanes):
                     d[m] = 0.0
         for b in range(n):
             for i in range(8):
                 xs[i] = x[b, act[j + i]] if i < g else 0.0
-            pass8(xs, wf, y[b], s[b])
-    return small, ints
-
-
-@njit(cache=True)
-def weight_grain(small, ints):
-    """A power of two every weight `sums` converted is a multiple of (its returns): the grain of the
-    smallest nonzero f16 magnitude, the largest power of two that every f16 value of that magnitude
-    or more is a multiple of, 2^(max(exponent field, 1) - 25), at most 1 if integers were among them."""
-    g = 2.0 ** (max((np.int64(small) + 1) >> 10, 1) - 25) if small != 0xFFFF else 2.0 ** 16
-    return min(g, 1.0) if ints else g
+            pass8(xs, wf, y[b])
+    return small, big, ints
 
 
 @njit(cache=True, fastmath={"contract"})
-def pass8(xs, wf, y, s):
-    """y += xs[i] wf[i] and s += |xs[i] wf[i]| over the eight rows of wf."""
+def pass8(xs, wf, y):
+    """y += xs[i] wf[i] over the eight rows of wf (a chain of fused multiply-adds a column: every
+    product is exact in float64)."""
     x0, x1, x2, x3, x4, x5, x6, x7 = xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], xs[6], xs[7]
-    a0, a1, a2, a3, a4, a5, a6, a7 = (abs(x0), abs(x1), abs(x2), abs(x3), abs(x4), abs(x5), abs(x6), abs(x7))
     r0, r1, r2, r3, r4, r5, r6, r7 = wf[0], wf[1], wf[2], wf[3], wf[4], wf[5], wf[6], wf[7]
     for m in range(y.shape[0]):
         w0, w1, w2, w3 = np.float64(r0[m]), np.float64(r1[m]), np.float64(r2[m]), np.float64(r3[m])
         w4, w5, w6, w7 = np.float64(r4[m]), np.float64(r5[m]), np.float64(r6[m]), np.float64(r7[m])
         y[m] = x7 * w7 + (x6 * w6 + (x5 * w5 + (x4 * w4 + (x3 * w3 + (x2 * w2 + (x1 * w1 + (x0 * w0 + y[m])))))))
-        s[m] = a7 * abs(w7) + (a6 * abs(w6) + (a5 * abs(w5) + (a4 * abs(w4) + (
-            a3 * abs(w3) + (a2 * abs(w2) + (a1 * abs(w1) + (a0 * abs(w0) + s[m])))))))
+
+
+@njit(cache=True)
+def weight_bounds(small, big, ints):
+    """From `sums`' returns: a power of two that every weight it converted is a multiple of (the
+    grain of the smallest nonzero f16 magnitude, the largest power of two that every f16 value of
+    that magnitude or more is a multiple of, 2^(max(exponent field, 1) - 25); at most 1 with i8
+    values among them), and a power of two above every weight's magnitude (2^(exponent field - 14);
+    128 for i8 values)."""
+    g = 2.0 ** (max((np.int64(small) + 1) >> 10, 1) - 25) if small != 0xFFFF else 2.0 ** 16
+    top = 2.0 ** (max(np.int64(big) >> 10, 1) - 14) if big != 0 else 0.0
+    return (min(g, 1.0), max(top, 128.0)) if ints else (g, top)
+
+
+@njit(cache=True)
+def magnitudes(x, buf, rows, act, na, s, wf):
+    """s[m] = the float64 sum of |x[k] w[k, m]| over the lanes act[:na] (w as in `sums`; wf: float32
+    scratch [lanes]), for the rows `direct_exact` cannot prove at once."""
+    for m in range(s.shape[0]):
+        s[m] = 0.0
+    for j in range(na):
+        k = act[j]
+        src = buf[k, rows[k, 0]]
+        lo, hi, a = src[0], src[1], abs(x[k])
+        for m in range(s.shape[0]):
+            wf[m] = f16_finite(lo[m], hi[m])
+        for m in range(s.shape[0]):
+            s[m] += a * abs(np.float64(wf[m]))
+
+
+@njit(cache=True)
+def exact_rows(x, act, na, top, g):
+    """Whether every float64 sum of products of the row x over the lanes act[:na] and weights of
+    magnitude below top that are multiples of g is exact: sum |p| <= |x|_1 top, and every product
+    is a multiple of g grain(x) (the grain of x's smallest nonzero magnitude); where |x|_1 top is at
+    most 2^53 times that, every partial sum, in any order, is a multiple of it below 2^53 times it
+    (docs/accumulation.md, "exact"; |x|_1 summed in float64 is within 2^-44 of its value)."""
+    x1, small = 0.0, F64_INF
+    xbits = x.view(np.int64)
+    for j in range(na):
+        x1 += abs(x[act[j]])
+        v = xbits[act[j]] & F64_MAGNITUDE
+        small = min(small, v if v != 0 else F64_INF)
+    if small == F64_INF:
+        return True
+    xg = 2.0 ** max(((small >> 52) - 1023) - 10, -24)
+    return x1 * top * (1.0 + 2.0 ** -40) <= 2.0 ** 53 * (g * xg)
 
 
 @njit(cache=True)

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from lpu.emulator.arith import D_F16, D_I8, WIDTH, f16_value, i8_to_f16_bits
-from lpu.emulator.core_streams import ORD_RELOAD, operand_error, order_hazard, ref_ok, stream_read
+from lpu.emulator.core_streams import ORD_RELOAD, copy_run, operand_error, order_hazard, ref_ok, stream_read
 
 ROW_F16, ROW_NON_FINITE, ROW_INTEGERS = 0, 1, 2     # what a weight buffer row holds (`lw_exec`)
 F16_FRACTION = 10         # bits of an f16 significand after the leading one
@@ -43,8 +43,8 @@ def mxm_input_ok(ref, plane, spd):
 def lw_exec(a, plane, p, t, ex, lanes, spd, ring, lbuf, lrows, lw_dt, ord_lw, sa, hz):
     """LW: a weight buffer row from a stream, into the side of the row that is not installed
     (lbuf[plane, row, side], lrows[plane, row]: the installed side, and per side what the row
-    holds: ROW_F16 finite f16 values, ROW_NON_FINITE some infinity or NaN, ROW_INTEGERS integers,
-    i8 or converted from i8: emulator/mxm_direct.py); inlined into the core's loop (40,000 in bert_base L=1: as a case of
+    holds as f16 numbers: ROW_INTEGERS i8 values converted (cvt: integers of magnitude <= 128),
+    ROW_NON_FINITE some infinity or NaN, ROW_F16 other values; emulator/mxm_direct.py); inlined into the core's loop (40,000 in bert_base L=1: as a case of
     core.mxm_exec, its call with ~40 arguments took ~10% of the run)."""
     row, ref, cvt = a[0], a[1], a[2]
     if row < 0 or row >= lanes:
@@ -61,18 +61,20 @@ def lw_exec(a, plane, p, t, ex, lanes, spd, ring, lbuf, lrows, lw_dt, ord_lw, sa
         return False
     lw_dt[plane, row] = D_F16 if cvt != 0 else ref >> 8
     ord_lw[plane, row] = ex
-    big = 0     # an f16 row's largest exponent field: 0x7C (all ones) for an infinity or a NaN
     if cvt != 0:
         for l in range(lanes):
             bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
             dst[0, l] = bits & 0xFF
             dst[1, l] = bits >> 8
-    elif ref >> 8 == D_F16:
-        hi = dst[1]
-        for l in range(lanes):
-            big = max(big, hi[l] & 0x7C)
-    lrows[plane, row, 1 + side] = (ROW_NON_FINITE if big == 0x7C else ROW_F16) if ref >> 8 == D_F16 and cvt == 0 \
-        else ROW_INTEGERS
+        lrows[plane, row, 1 + side] = ROW_INTEGERS
+        return True
+    hi = dst[1]
+    if ref >> 8 == D_I8:    # the row's high bytes stay those of its last f16 load, as in one buffer
+        copy_run(lbuf[plane, row, 1 - side, 1], hi)
+    big = 0     # the largest f16 exponent field: 0x7C (all ones) for an infinity or a NaN
+    for l in range(lanes):
+        big = max(big, hi[l] & 0x7C)
+    lrows[plane, row, 1 + side] = ROW_NON_FINITE if big == 0x7C else ROW_F16
     return True
 
 
