@@ -230,7 +230,7 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na, ieee):
     with r the largest wnorm[1] of the columns, so each column's own test holds too) is only
     rounded. Else, per row, one branch-free pass that vectorizes rounds the proved elements and
     marks the doubtful ones NaN; a second recomputes them only if there are any. (The quotients are
-    the install's, made at IW, not divided here per call: a short batch's settling was ~1.1 us a
+    the install's, made at its conversion, not divided here per call: a short batch's settling was ~1.1 us a
     call of 320 divisions and a scratch array, with ~0.07 us a row.)"""
     cs = split_scale(w.shape[0])
     c = na * 2.0 ** -MANTISSA

@@ -402,9 +402,10 @@ def test_install_converts_a_buffer_as_the_separate_passes():
 
 
 def test_install_keeps_the_rows_not_loaded():
-    """An IW after LWs of the first rows only (of the dtype of the untransposed IW before: core.mxm_exec
-    passes `keep`) converts those and counts the rest as installed: the same weights, norms and
-    row support as an install of the whole buffer."""
+    """An install's conversion after LWs of the first rows only (of the dtype of the untransposed
+    install converted before: mxm_install.install_lazily's count, `keep`) converts those, from
+    their installed side, and counts the rest as converted: the same weights, norms and row
+    support as a conversion of the whole buffer."""
     rng = np.random.default_rng(7)
     lanes, top = 64, 20
     bits = (rng.standard_normal((2, lanes, lanes)) * 0.1).astype(np.float16).view(np.uint16)
