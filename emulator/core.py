@@ -40,9 +40,10 @@ from lpu.emulator.core_streams import (  # noqa: F401 (names used by run.py, pre
 from lpu.emulator.core_links import L_ON, c2c_exec
 from lpu.emulator.core_sxm import sxm_exec
 from lpu.emulator.mxm import flush
+from lpu.emulator.mxm_install import lw_exec, mxm_input_ok
 from lpu.emulator.arith import (  # noqa: F401 (CORE_OPS: used by run.py)
     CORE_OPS, C_ABC, C_ADD, C_GATHER, C_IW, C_LW, C_MASK, C_MIN, C_READ, C_WRITE, D_F16, D_F32, D_I32, D_I8,
-    WIDTH, f16_value, i8_to_f16_bits, vxm_compute,
+    WIDTH, f16_value, vxm_compute,
 )
 
 # ---- units -------------------------------------------------------------------------------------
@@ -150,45 +151,12 @@ def vxm_exec(op, a, p, t, ex, lat, lanes, spd, ring, f16tab,
 
 
 @njit(cache=True)
-def mxm_input_ok(ref, plane, spd):
-    """An LW/ABC operand: i8, or f16 on an even plane (the pair's f16 unit)."""
-    dt = ref >> 8
-    return ref >= 0 and (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)) and ref_ok(ref, WIDTH[dt], spd)
-
-
-@njit(cache=True, inline="always")
-def lw_exec(a, plane, p, t, ex, lanes, spd, ring, lbuf, lw_dt, ord_lw, sa, hz):
-    """LW: a weight buffer row from a stream; inlined into the loop (40,000 in bert_base L=1: as
-    a case of mxm_exec, its call with ~40 arguments took ~10% of the run)."""
-    row, ref, cvt = a[0], a[1], a[2]
-    if row < 0 or row >= lanes:
-        return operand_error(hz, 0, row)
-    if not mxm_input_ok(ref, plane, spd):
-        return operand_error(hz, 1, ref)
-    if cvt != 0 and (cvt != 1 or ref >> 8 != D_I8 or plane % 2 != 0):
-        return operand_error(hz, 2, cvt)
-    if lw_dt[plane, row] != -1:
-        return order_hazard(hz, ORD_RELOAD, plane, row)
-    dst = lbuf[plane, row]      # (the stream's bytes straight into the buffer row, unless converted)
-    if not stream_read(ref, WIDTH[ref >> 8], p, t, ring, sa if cvt != 0 else dst, hz):
-        return False
-    lw_dt[plane, row] = D_F16 if cvt != 0 else ref >> 8
-    ord_lw[plane, row] = ex
-    if cvt != 0:
-        for l in range(lanes):
-            bits = i8_to_f16_bits(np.int64(np.int8(sa[0, l])))
-            dst[0, l] = bits & 0xFF
-            dst[1, l] = bits >> 8
-    return True
-
-
-@njit(cache=True)
-def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm, wcols, wbuf, wdt, busy,
-             acc_bits, acc_kind, acc_ready, ord_acc, ord_last, sa, pend_x, pend_meta, pend_n, ybuf, act, bulk,
-             hz, counters):
+def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, lbuf, lrows, wts32, wnorm, wcols,
+             wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, ord_acc, ord_last, sa, pend_x, pend_meta, pend_n, ybuf,
+             act, bulk, hz, counters):
     """ABC: timing, hazards, the operand; the product joins the plane's batch (mxm.flush)."""
-    if pend_n[plane] == pend_x.shape[1] and not flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta,
-                                                     pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
+    if pend_n[plane] == pend_x.shape[1] and not flush(plane, lbuf, lrows, wts32, wnorm, wcols, wdt, pend_x,
+                                                     pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
         return False
     ref, row, accum, half = a[0], a[1], a[2], a[3]
     if not mxm_input_ok(ref, plane, spd):
@@ -198,8 +166,8 @@ def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, w
     if half != 0 and half != 1:
         return operand_error(hz, 3, half)
     dt = ref >> 8
-    if wdt[plane] != dt:
-        hz[0], hz[3], hz[4] = H_DTYPE, dt, wdt[plane]
+    if wdt[0, plane] != dt:
+        hz[0], hz[3], hz[4] = H_DTYPE, dt, wdt[0, plane]
         return False
     kind = D_I32 if dt == D_I8 else D_F32
     if accum != 0 and acc_kind[plane, row] != kind and acc_kind[plane, row] != -1:
@@ -243,12 +211,13 @@ def abc_exec(a, plane, p, t, ex, lat, lanes, spd, acc_rows, pair_cycles, ring, w
 
 
 @njit(cache=True)
-def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_dt, wts32, wnorm, wcols,
+def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lrows, lw_dt, wts32, wnorm, wcols,
              wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x, pend_meta, pend_n, ybuf, act,
              bulk, hz):
     """IW and ACC (LW and ABC: `lw_exec`, `abc_exec`)."""
     if op == C_IW:
-        if not flush(plane, wts32, wnorm, wcols, wdt[0], pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
+        if not flush(plane, lbuf, lrows, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act,
+                     acc_bits, bulk, hz):
             return False
         dt, trans = a[0], a[1]
         if not (dt == D_I8 or (dt == D_F16 and plane % 2 == 0)):
@@ -270,9 +239,7 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
         lw_dt[plane, :] = -1
         order[0][plane, :] = -1
         busy[plane] = t + 1
-        keep = top + 1 if trans == 0 and wdt[1, plane] == 2 * dt else lanes   # rows after: installed as they are
-        mxm_install.install(lbuf[plane], dt, trans != 0, lanes, keep, wts32[plane], wnorm[plane], wcols[plane])
-        wdt[0, plane], wdt[1, plane] = dt, 2 * dt + (trans != 0)
+        mxm_install.install_lazily(plane, dt, trans, top, lanes, lrows, wdt)
         return True
     row, ref = a[0], a[1]  # ACC: the batch is multiplied out first if one of its ABCs writes this row (the
     waits = False          # other rows are not observable before their own ACC)
@@ -280,7 +247,8 @@ def mxm_exec(op, a, plane, p, t, ex, lat, lanes, spd, acc_rows, ring, lbuf, lw_d
         if pend_meta[plane, b, 0] == row:
             waits = True
             break
-    if waits and not flush(plane, wts32, wnorm, wcols, wdt[0], pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
+    if waits and not flush(plane, lbuf, lrows, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act,
+                           acc_bits, bulk, hz):
         return False
     if row < 0 or row >= acc_rows:
         return operand_error(hz, 0, row)
@@ -334,12 +302,12 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
     return ((np.full((2, spd, ring_size), EMPTY_TAG, np.int64), np.zeros((2, spd, ring_size), np.int64),
              hugemem.zeros((2, spd, ring_size, lanes), np.uint8)),
             np.full((slices, banks), -1, np.int64),               # bank_last
-            np.zeros((nplanes, lanes, 2, lanes), np.uint8),       # lbuf: [plane, row, byte plane, lane]
+            np.zeros((nplanes, lanes, 2, 2, lanes), np.uint8),    # lbuf: [plane, row, side, byte plane, lane]
             np.full((nplanes, lanes), -1, np.int64),              # lw_dt
             np.zeros((lanes, lanes), np.float64),                 # wbuf: weights as float64 for BLAS (mxm.blas_over)
             hugemem.zeros((nplanes, lanes, lanes), np.float32),   # wts32: installed weights (f16, i8: exact)
             np.zeros((nplanes, 2, lanes), np.float64),            # wnorm: column norms and grains of the weights
-            np.full((2, nplanes), -1, np.int64),                  # wdt: the installed dtype, and 2 dtype + transposed
+            np.full((4, nplanes), -1, np.int64),                  # wdt: mxm_install.install_lazily
             np.zeros(nplanes, np.int64),                          # busy
             hugemem.zeros((nplanes, acc_rows, lanes), np.uint32), # acc_bits
             np.full((nplanes, acc_rows), -1, np.int64),           # acc_kind
@@ -352,23 +320,28 @@ def workspace(lanes, spd, ring_size, nplanes, acc_rows, slices, banks):
              np.zeros((nplanes, acc_rows), np.int64),             #   accumulator rows (0 unused, 1 result pending,
              np.full((nplanes, acc_rows), -1, np.int64)),         #   2 read out) and each row's last ABC
             np.zeros((nplanes, lanes, 2), np.int64),               # wcols: columns of each weight row's nonzeros
-            np.zeros((ABC_BATCH, lanes), np.float64))             # ybuf: a batch's products (scratch, here
+            np.zeros((ABC_BATCH, lanes), np.float64),             # ybuf: a batch's products (scratch, here
                                                                   #   not per call: 142 calls a run of bert_base
                                                                   #   L=1 zeroed 320 KB each, 1.2 ms)
+            np.zeros((nplanes, lanes, 3), np.int64))              # lrows: per buffer row, its installed side and
+                                                                  #   a non-finite flag per side (mxm_install)
 
 
 def reset(ws):
     """Back to the state of a machine that has run nothing (what a run can observe). Not cleared
-    (3 MB on tsp-v1): the installed weights (wts32, wnorm, wcols), which a plane's first IW
-    writes in full (wdt = -1: mxm_exec's `keep`); an ABC before it is a dtype hazard. Of the
-    accumulators (10 MB) only the rows an ABC wrote (`clear_written`)."""
+    (3 MB on tsp-v1): the converted weights (wts32, wnorm, wcols), none of which counts as
+    installed (wdt[2] = lanes: mxm_install.install_lazily); an ABC before a plane's first IW is a
+    dtype hazard; the weight buffer's sides 1 (lrows: every row's side 0 is installed, and an LW
+    writes a row's other side before an IW installs it). Of the accumulators (10 MB) only the rows an ABC wrote (`clear_written`)."""
     (ring, bank_last, lbuf, lw_dt, _, _, _, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n,
-     order, _, _) = ws
+     order, _, _, lrows) = ws
     ring[0].fill(EMPTY_TAG)
     clear_written(acc_bits, acc_kind)
-    for a, v in ((bank_last, -1), (lbuf, 0), (lw_dt, -1), (wdt, -1), (busy, 0), (acc_kind, -1),
-                 (acc_ready, 0), (tbuf, 0), (pend_n, 0), (order[0], -1), (order[1], 0), (order[2], -1)):
+    for a, v in ((bank_last, -1), (lbuf[:, :, 0], 0), (lw_dt, -1), (wdt, -1), (busy, 0), (acc_kind, -1),
+                 (acc_ready, 0), (tbuf, 0), (pend_n, 0), (order[0], -1), (order[1], 0), (order[2], -1),
+                 (lrows, 0)):
         a.fill(v)
+    wdt[2].fill(lbuf.shape[1])
 
 
 @njit(cache=True)
@@ -396,7 +369,7 @@ def execute(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles,
     `pack_meta`). (This function allocates the scratch vectors and
     keeps every array alive while `_loop` uses them borrowed: emulator/borrow.py.)"""
     (ring, bank_last, lbuf, lw_dt, wbuf, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x,
-     pend_meta, pend_n, order, wcols, ybuf) = ws
+     pend_meta, pend_n, order, wcols, ybuf, lrows) = ws
     act = np.zeros(lanes, np.int64)
     sa = np.zeros((4, lanes), np.uint8)
     sb = np.zeros((4, lanes), np.uint8)
@@ -406,7 +379,7 @@ def execute(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles,
     ia = np.zeros(lanes, np.int64)
     u32 = np.zeros(lanes, np.uint32)
     return _loop(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles, naddr, bank_base,
-                 bank_lo, mem, valid, tables, f16tab, ring[0], ring[1], ring[2], bank_last, lbuf,
+                 bank_lo, mem, valid, tables, f16tab, ring[0], ring[1], ring[2], bank_last, lbuf, lrows,
                  lw_dt, wts32, wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n,
                  order[0], order[1], order[2], wcols, wbuf, act, sa, sb, so, fa, fb, ia, u32, ybuf, links[0], links[1],
                  links[2], links[3], links[4], links[5], links[6], links[7], links[8], bulk, hz, counters)
@@ -414,7 +387,7 @@ def execute(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles,
 
 @njit(cache=True)
 def _loop(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles, naddr, bank_base, bank_lo,
-          mem, valid, tables, f16tab, ring_tag, ring_ref, ring_pay, bank_last, lbuf, lw_dt, wts32,
+          mem, valid, tables, f16tab, ring_tag, ring_ref, ring_pay, bank_last, lbuf, lrows, lw_dt, wts32,
           wnorm, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, pend_x, pend_meta, pend_n, ord_lw, ord_acc, ord_last,
           wcols, wbuf, act, sa, sb, so, fa, fb, ia, u32, ybuf, lk_ctl, lk_last, out_link, out_cycle, out_pay,
           in_arrival, in_pay, in_head, in_tail, bulk, hz, counters):
@@ -423,8 +396,8 @@ def _loop(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles, naddr, bank
     bank_base, bank_lo, mem, valid, tables, f16tab = (borrowed(bank_base), borrowed(bank_lo), borrowed(mem),
                                                       borrowed(valid), borrowed(tables), borrowed(f16tab))
     ring = (borrowed(ring_tag), borrowed(ring_ref), borrowed(ring_pay), mem)
-    bank_last, lbuf, lw_dt, wts32, wnorm, wdt = (borrowed(bank_last), borrowed(lbuf), borrowed(lw_dt),
-                                                 borrowed(wts32), borrowed(wnorm), borrowed(wdt))
+    bank_last, lbuf, lrows, lw_dt, wts32, wnorm, wdt = (borrowed(bank_last), borrowed(lbuf), borrowed(lrows),
+                                                        borrowed(lw_dt), borrowed(wts32), borrowed(wnorm), borrowed(wdt))
     busy, acc_bits, acc_kind, acc_ready, tbuf = (borrowed(busy), borrowed(acc_bits), borrowed(acc_kind),
                                                  borrowed(acc_ready), borrowed(tbuf))
     pend_x, pend_meta, pend_n, wcols, wbuf = (borrowed(pend_x), borrowed(pend_meta), borrowed(pend_n),
@@ -468,13 +441,13 @@ def _loop(start, cyc, meta, args, lanes, spd, acc_rows, pair_cycles, naddr, bank
             ok = mem_exec(op, a, ui, p, t, i, li, spd, naddr, mem, valid, bank_base, bank_lo, bank_last,
                           ring, sa, sb, hz, counters)
         elif u == U_MXM and op == C_LW:
-            ok = lw_exec(a, ui, p, t, i, lanes, spd, ring, lbuf, lw_dt, order[0], sa, hz)
+            ok = lw_exec(a, ui, p, t, i, lanes, spd, ring, lbuf, lrows, lw_dt, order[0], sa, hz)
         elif u == U_MXM and op == C_ABC:
-            ok = abc_exec(a, ui, p, t, i, li, lanes, spd, acc_rows, pair_cycles, ring, wts32, wnorm,
-                          wcols, wbuf, wdt[0], busy, acc_bits, acc_kind, acc_ready, order[1], order[2], sa, pend_x, pend_meta,
+            ok = abc_exec(a, ui, p, t, i, li, lanes, spd, acc_rows, pair_cycles, ring, lbuf, lrows, wts32, wnorm,
+                          wcols, wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order[1], order[2], sa, pend_x, pend_meta,
                           pend_n, ybuf, act, bulk, hz, counters)
         elif u == U_MXM:
-            ok = mxm_exec(op, a, ui, p, t, i, li, lanes, spd, acc_rows, ring, lbuf, lw_dt, wts32,
+            ok = mxm_exec(op, a, ui, p, t, i, li, lanes, spd, acc_rows, ring, lbuf, lrows, lw_dt, wts32,
                           wnorm, wcols, wbuf, wdt, busy, acc_bits, acc_kind, acc_ready, order, so, pend_x,
                           pend_meta, pend_n, ybuf, act, bulk, hz)
         elif u == U_VXM:

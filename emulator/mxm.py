@@ -1,7 +1,8 @@
 """Jitted MXM arithmetic of the core (emulator/core.py): the products of pending ABCs (`flush`:
 short batches by `products_over`, the sums in emulator/mxm_short.py, large ones by BLAS,
-`blas_over`), accumulation. (The weight install, with the weights' column norms `wnorm` and
-row spans `wcols`: emulator/mxm_install.py.)
+`blas_over`; the first short batches of an install not converted yet from the weight buffer's
+bytes, `direct`, emulator/mxm_direct.py), accumulation. (The weight buffer and install, with
+the weights' column norms `wnorm` and row spans `wcols`: emulator/mxm_install.py.)
 
 The accumulation contract (docs/accumulation.md): an ABC's dot product over the lanes is the
 EXACT sum of the exact products x[k] * w[k, n], rounded once to f32 (nearest even) for f16, or
@@ -14,7 +15,8 @@ when `accum`. The order of the additions does not enter, so every exact method g
   called from the core, emulator/blas.py, or numpy on the host, emulator/run.py): where the
   products' grains and norms prove every partial sum exact, or where every value within the
   error bound of any order's sum (na * 2^-53 * |x|_2 |w[:, n]|_2) rounds to the same f32, that
-  f32 is the rounding of the exact sum; a non-finite sum of the short path is the contract's
+  f32 is the rounding of the exact sum (`direct`: the bound from the sum of the products'
+  magnitudes, mxm_direct.settle_sums); a non-finite sum of the short path is the contract's
   NaN or infinity. The few other elements (cancellation, a sum within the bound of an f32
   rounding boundary, BLAS's non-finite values) are recomputed with `exact_dot`.
 
@@ -24,16 +26,14 @@ float64 (at most 22 significant bits), a multiple of 2^-48 below 2^32.
 import numpy as np
 from numba import njit
 
-from lpu.emulator.arith import D_I8, wrap32
+from lpu.emulator.arith import D_F16, D_I8, wrap32
 from lpu.emulator.blas import dgemm
 from lpu.emulator.core_streams import H_FLUSH
+from lpu.emulator.mxm_direct import DIRECT_ROWS, F64_INF, F64_MAGNITUDE, active_lanes, exact_rows, magnitudes, settle_sums, sums, weight_bounds
+from lpu.emulator.mxm_install import F16_FRACTION, F16_GRAIN, installed_finite, materialize
 from lpu.emulator.mxm_short import sums_over
 
 MANTISSA = 53             # bits of a float64 significand
-F16_FRACTION = 10         # bits of an f16 significand after the leading one
-F16_GRAIN = -24           # an f16 value is a multiple of 2^-24 (the smallest subnormal)
-F64_INF = 0x7FF0000000000000            # the bits of +inf, and the mask of a float64's magnitude
-F64_MAGNITUDE = 0x7FFFFFFFFFFFFFFF
 
 
 @njit(cache=True)
@@ -108,24 +108,11 @@ def support(x, n, wcols, wnorm, act):
     big = 0
     for m in range(lanes):
         big = max(big, wbits[m] & F64_MAGNITUDE)
-    xbits = x.view(np.int64)
-    for k in range(kk):
-        act[k] = 0
-    for b in range(n):
-        row = xbits[b]
-        for k in range(kk):
-            v = row[k] & F64_MAGNITUDE
-            act[k] |= v
-            big = max(big, v)
-    if big >= F64_INF:
+    na, xbig = active_lanes(x, n, act)
+    if max(big, xbig) >= F64_INF:
         for k in range(kk):
             act[k] = k
         return kk, 0, lanes, False
-    na = 0
-    for k in range(kk):       # act[na] = k overwrites only entries already read (na <= k)
-        if act[k] != 0:
-            act[na] = k
-            na += 1
     lo, hi = lanes, 0
     for j in range(na):
         lo = min(lo, wcols[act[j], 0])
@@ -243,7 +230,7 @@ def settle(x, n, w, wnorm, y, clo, chi, act, na, ieee):
     with r the largest wnorm[1] of the columns, so each column's own test holds too) is only
     rounded. Else, per row, one branch-free pass that vectorizes rounds the proved elements and
     marks the doubtful ones NaN; a second recomputes them only if there are any. (The quotients are
-    the install's, made at IW, not divided here per call: a short batch's settling was ~1.1 us a
+    the install's, made at its conversion, not divided here per call: a short batch's settling was ~1.1 us a
     call of 320 divisions and a scratch array, with ~0.07 us a row.)"""
     cs = split_scale(w.shape[0])
     c = na * 2.0 ** -MANTISSA
@@ -346,8 +333,12 @@ def blas_over(fn, x, n, w, dt, y, wbuf, wnorm, act, na, lo, hi):
 
 
 @njit(cache=True)
-def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk, hz):
-    """Multiply out the plane's pending ABCs and apply them to its accumulators. bulk = (work,
+def flush(plane, lbuf, lrows, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf, act, acc_bits, bulk,
+          hz):
+    """Multiply out the plane's pending ABCs and apply them to its accumulators. An install not
+    converted yet (wdt[2, plane] != 0: mxm_install.install_lazily) multiplies its first
+    DIRECT_ROWS rows of f16 ABCs, untransposed and finite, straight from the buffer's bytes
+    (`direct`); anything else converts it first (mxm_install.materialize). bulk = (work,
     dgemm): a batch of at least `work` multiply-adds (rows times its `support`: a half ABC has
     half the lanes) is one BLAS product (the same bits: docs/accumulation.md), here with the
     BLAS at address `dgemm` (`blas.dgemm_address`; wbuf: float64 scratch [lanes, lanes] for the
@@ -358,17 +349,52 @@ def flush(plane, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_n, ybuf, wbuf
     if n == 0:
         return True
     x = pend_x[plane]
-    if bulk[0] == 0:
-        products(x, n, wts32[plane], wdt[plane], ybuf, True, wnorm[plane], wcols[plane], act)
-    else:
-        na, lo, hi, finite = support(x, n, wcols[plane], wnorm[plane], act)
-        if n * na * (hi - lo) < bulk[0]:
-            products_over(x, n, wts32[plane], wdt[plane], ybuf, wnorm[plane], wcols[plane], finite, act, na, lo, hi)
-        elif bulk[1] != 0:
-            blas_over(bulk[1], x, n, wts32[plane], wdt[plane], ybuf, wbuf, wnorm[plane], act, na, lo, hi)
+    if not (wdt[2, plane] != 0 and wdt[3, plane] + n <= DIRECT_ROWS and wdt[1, plane] == 2 * D_F16 and bulk[0] != 0
+            and direct(plane, x, n, lbuf, lrows, wts32, wnorm, wcols, wdt, ybuf, wbuf, act)):
+        materialize(plane, lbuf, lrows, wts32, wnorm, wcols, wdt)
+        if bulk[0] == 0:
+            products(x, n, wts32[plane], wdt[0, plane], ybuf, True, wnorm[plane], wcols[plane], act)
         else:
-            hz[0], hz[3] = H_FLUSH, plane
-            return False
+            na, lo, hi, finite = support(x, n, wcols[plane], wnorm[plane], act)
+            if n * na * (hi - lo) < bulk[0]:
+                products_over(x, n, wts32[plane], wdt[0, plane], ybuf, wnorm[plane], wcols[plane], finite, act, na,
+                              lo, hi)
+            elif bulk[1] != 0:
+                blas_over(bulk[1], x, n, wts32[plane], wdt[0, plane], ybuf, wbuf, wnorm[plane], act, na, lo, hi)
+            else:
+                hz[0], hz[3] = H_FLUSH, plane
+                return False
     accumulate(acc_bits[plane], pend_meta[plane], n, ybuf)
     pend_n[plane] = 0
+    return True
+
+
+@njit(cache=True)
+def direct(plane, x, n, lbuf, lrows, wts32, wnorm, wcols, wdt, y, wbuf, act):
+    """y[:n] = the contract's results for the rows b < n of x (f16) from the installed buffer's bytes
+    (emulator/mxm_direct.py: the float64 sums, rounded where `exact_rows` proves a row exact, else
+    settled by the sums of the products' magnitudes, wbuf[b]; wbuf's rows n.. are its scratch);
+    the elements it cannot prove are recomputed exactly (`exact_dot`) from the weights, converted
+    then (mxm_install.materialize). False (nothing done) where an operand is not finite."""
+    na, big = active_lanes(x, n, act)
+    if big >= F64_INF or not installed_finite(lrows[plane]):
+        return False
+    lanes = wts32.shape[1]
+    wf = wbuf[n:n + 4].view(np.float32).reshape(8, lanes)
+    small, large, ints = sums(x, n, lbuf[plane], lrows[plane], act, na, y, wf, wbuf[n + 4])
+    g, top = weight_bounds(small, large, ints)
+    for b in range(n):
+        yb = y[b]
+        if exact_rows(x[b], act, na, top, g):
+            for m in range(lanes):
+                yb[m] = np.float64(np.float32(yb[m])) + 0.0
+            continue
+        magnitudes(x[b], lbuf[plane], lrows[plane], act, na, wbuf[b], wf[0])
+        xs = smallest_bits(x[b].view(np.int64))
+        if settle_sums(yb, wbuf[b], na, g * (grain_of_bits(xs) if xs < F64_INF else 1.0)):
+            materialize(plane, lbuf, lrows, wts32, wnorm, wcols, wdt)
+            for m in range(lanes):
+                if yb[m] != yb[m]:
+                    yb[m] = exact_dot(x[b], wts32[plane], m, split_scale(lanes), act, na)
+    wdt[3, plane] += n
     return True

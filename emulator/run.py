@@ -349,7 +349,7 @@ def _bulk(ws, plane: int) -> None:
     """Multiply out the pending ABCs of `plane` with one BLAS product (mxm.flush asked for it: the
     core has no BLAS of its own, emulator/blas.py), then settle it to the contract's bits
     (mxm.settle; i8: BLAS's float64 sum is exact)."""
-    _, _, _, _, _, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _, wcols, _ = ws
+    _, _, _, _, _, wts32, wnorm, wdt, _, acc_bits, _, _, _, pend_x, pend_meta, pend_n, _, wcols, _, _ = ws
     n = int(pend_n[plane])
     y = mxm.blas_products(pend_x[plane, :n], wts32[plane], wdt[0, plane], wnorm[plane], wcols[plane])
     mxm.accumulate(acc_bits[plane], pend_meta[plane], n, y)

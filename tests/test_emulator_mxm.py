@@ -274,13 +274,106 @@ def test_flush_sends_a_batch_to_blas_by_its_work_not_its_length():
         pend_meta[0, :n, 0], pend_meta[0, :n, 2] = np.arange(n), D_F16
         pend_n, hz = np.array([n]), np.zeros(8, np.int64)
         acc = np.zeros((1, 8, lanes), np.uint32)
-        ok = mxm.flush(0, w[None], wnorm[None], wcols[None], np.array([D_F16]), pend_x, pend_meta, pend_n,
+        lbuf, lrows, wdt = np.zeros((1, lanes, 2, 2, lanes), np.uint8), np.zeros((1, lanes, 3), np.int64), \
+            np.array([[D_F16], [2 * D_F16], [0], [0]])       # installed and converted (mxm_install.materialize)
+        ok = mxm.flush(0, lbuf, lrows, w[None], wnorm[None], wcols[None], wdt, pend_x, pend_meta, pend_n,
                         np.zeros((core.ABC_BATCH, lanes)), np.zeros((lanes, lanes)), np.zeros(lanes, np.int64),
                         acc, np.array([n * lanes * lanes, dgemm]), hz)
         assert ok != handed and (hz[0] == core.H_FLUSH) == handed
         assert pend_n[0] == (n if handed else 0)
         if not handed:
             assert np.array_equal(_bits(acc[0, :n].view(np.float32)), _bits(reference(x[:n], w)))
+
+
+def _flush_lazily(x, w16, converted, seed=0):
+    """mxm.flush of the f16 batch x (rows <= core.ABC_BATCH) against the weights w16 installed
+    lazily (mxm_install.install_lazily: bytes in the buffer, each row on a random side, with its
+    LW's kind: f16, non-finite, integers), converted first (`converted`: mxm_install.materialize) or not (then a
+    short finite batch is multiplied from the bytes: mxm_direct). Returns the accumulator rows'
+    f32 bits, how many ABC rows were multiplied from the bytes and whether the install is converted."""
+    from lpu.emulator import core
+    lanes, n = w16.shape[1], x.shape[0]
+    bits = w16.view(np.uint16)
+    side = np.random.default_rng(seed).integers(0, 2, lanes)
+    lbuf, lrows = np.zeros((1, lanes, 2, 2, lanes), np.uint8), np.zeros((1, lanes, 3), np.int64)
+    for k in range(lanes):
+        lbuf[0, k, side[k], 0], lbuf[0, k, side[k], 1] = bits[k] & 0xFF, bits[k] >> 8
+        lbuf[0, k, 1 - side[k]] = 0xFF       # the other side: an LW's next row, not installed (NaNs)
+        kind = (mxm_install.ROW_NON_FINITE if not np.isfinite(w16[k]).all() else mxm_install.ROW_INTEGERS
+                if (w16[k] == np.round(w16[k])).all() else mxm_install.ROW_F16)
+        lrows[0, k, 0], lrows[0, k, 1 + side[k]], lrows[0, k, 2 - side[k]] = side[k], kind, mxm_install.ROW_NON_FINITE
+    wts32, wnorm, wcols = np.zeros((1, lanes, lanes), np.float32), np.zeros((1, 2, lanes)), np.zeros((1, lanes, 2), np.int64)
+    wdt = np.array([[D_F16], [2 * D_F16], [lanes], [0]])
+    if converted:
+        mxm_install.materialize(0, lbuf, lrows, wts32, wnorm, wcols, wdt)
+    pend_x, pend_meta = np.zeros((1, core.ABC_BATCH, lanes)), np.zeros((1, core.ABC_BATCH, 3), np.int64)
+    pend_x[0, :n] = x
+    pend_meta[0, :n, 0], pend_meta[0, :n, 2] = np.arange(n), D_F16
+    acc = np.zeros((1, n, lanes), np.uint32)
+    assert mxm.flush(0, lbuf, lrows, wts32, wnorm, wcols, wdt, pend_x, pend_meta, np.array([n]),
+                     np.zeros((core.ABC_BATCH, lanes)), np.zeros((lanes, lanes)), np.zeros(lanes, np.int64), acc,
+                     np.array([1 << 24, 0]), np.zeros(8, np.int64))
+    return acc[0], int(wdt[3, 0]), wdt[2, 0] == 0
+
+
+def test_products_from_the_weight_buffer_equal_the_installed_ones():
+    """A short batch multiplied straight from the f16 bytes of a lazily installed buffer
+    (mxm_direct, settled by the sums of its products' magnitudes, its doubtful elements recomputed
+    from the weights converted then) gives the bits of the converted install's path and the
+    reference's: random operands, zeros (rows, lanes, a batch of zeros), subnormals, half ABCs,
+    integer weights (their sums on f32 ties: the exact proof) alone and beside f16 rows,
+    exponents over the whole f16 range, exactly cancelling halves; a non-finite activation or
+    weight (in a lane no activation uses too), or a batch of more than DIRECT_ROWS rows, converts
+    the install instead."""
+    from lpu.emulator.mxm_direct import DIRECT_ROWS
+    rng = np.random.default_rng(11)
+
+    def f16(a):
+        return np.asarray(a, np.float16)
+
+    cases = []
+    for lanes, n in ((64, 1), (64, 2), (320, 1), (72, 2)):
+        w, x = f16(rng.standard_normal((lanes, lanes)) * 0.1), f16(rng.standard_normal((n, lanes)))
+        cases.append((x, w, True))
+        ws, xs = w.copy(), x.copy()
+        ws[3], ws[:, 5], ws[7, 9], xs[:, 11] = 0, 0, 2.0 ** -24, 2.0 ** -24      # zeros, subnormals
+        xs[:, 13:19] = 0                                                         # lanes left out
+        cases.append((xs, ws, True))
+        xh = x.copy()
+        xh[:, lanes // 2:] = 0                                                   # half ABCs
+        cases.append((xh, w, True))
+        cases.append((np.zeros_like(x), w, True))
+        wide = f16(rng.standard_normal((lanes, lanes)) * 2.0 ** rng.integers(-24, 13, (lanes, lanes)))
+        cases.append((f16(rng.standard_normal((n, lanes)) * 2.0 ** rng.integers(-24, 13, (n, lanes))), wide, True))
+        half = lanes // 2                                                        # exact cancellation
+        wc = w.copy()
+        wc[half:2 * half] = w[:half]
+        xc = x.copy()
+        xc[:, half:2 * half] = -x[:, :half]
+        cases.append((xc, wc, True))
+        wint = f16(rng.integers(-128, 128, (lanes, lanes)))                     # i8 weights (LW's cvt)
+        wint[::3] = w[::3]                                                       # beside f16 rows
+        cases += [(x, f16(rng.integers(-128, 128, (lanes, lanes))), True), (x, wint, True)]
+        xi, wn, wi = x.copy(), w.copy(), w.copy()
+        xi[0, 2] = np.inf
+        wn[1, 4] = np.nan
+        wi[0, 6] = -np.inf
+        xz = x.copy()
+        xz[:, 0] = 0                              # the infinity's lane unused: inf * 0 still NaN
+        cases += [(xi, w, False), (x, wn, False), (xz, wi, False)]
+    cases.append((f16(rng.standard_normal((DIRECT_ROWS + 1, 64))), f16(rng.standard_normal((64, 64))), False))
+    xt, wt = np.zeros((1, 64), np.float16), f16(rng.standard_normal((64, 64)))    # 2^25 + 2 + 2^-34: neither proof
+    xt[0, :3], wt[:3, 0] = (2.0 ** 10, 2.0 ** -24, 2.0), (2.0 ** 15, 2.0 ** -10, 1.0)   # holds (a float64 tie)
+    cases.append((xt, wt, True))
+    redone = 0
+    for i, (x, w, direct) in enumerate(cases):
+        lazy, rows, after = _flush_lazily(x.astype(np.float64), w, False, i)
+        converted, none, _ = _flush_lazily(x.astype(np.float64), w, True, i)
+        assert np.array_equal(lazy, converted), i
+        assert (rows == x.shape[0]) == direct and none == 0, i
+        assert np.array_equal(_bits(lazy.view(np.float32)), _bits(reference(x.astype(float), w.astype(float)))), i
+        redone += direct and after        # a doubtful element recomputed from the weights converted then
+    assert redone
 
 
 def test_install_converts_a_buffer_as_the_separate_passes():
@@ -297,7 +390,7 @@ def test_install_converts_a_buffer_as_the_separate_passes():
         want = v.astype(np.float32) if dt == D_F16 else bits.view(np.int8).astype(np.float32)
         for trans in (False, True):
             w, norms, wcols = np.zeros((lanes, lanes), np.float32), np.zeros((2, lanes)), np.zeros((lanes, 2), np.int64)
-            mxm_install.install(buf, dt, trans, lanes, lanes, w, norms, wcols)
+            mxm_install.install(buf[:, None], np.zeros((lanes, 3), np.int64), dt, trans, lanes, lanes, w, norms, wcols)
             ref = np.ascontiguousarray(want.T if trans else want)
             assert np.array_equal(w, ref, equal_nan=True)
             ref_norms, ref_cols = _stats(ref)
@@ -309,21 +402,23 @@ def test_install_converts_a_buffer_as_the_separate_passes():
 
 
 def test_install_keeps_the_rows_not_loaded():
-    """An IW after LWs of the first rows only (of the dtype of the untransposed IW before: core.mxm_exec
-    passes `keep`) converts those and counts the rest as installed: the same weights, norms and
-    row support as an install of the whole buffer."""
+    """An install's conversion after LWs of the first rows only (of the dtype of the untransposed
+    install converted before: mxm_install.install_lazily's count, `keep`) converts those, from
+    their installed side, and counts the rest as converted: the same weights, norms and row
+    support as a conversion of the whole buffer."""
     rng = np.random.default_rng(7)
     lanes, top = 64, 20
     bits = (rng.standard_normal((2, lanes, lanes)) * 0.1).astype(np.float16).view(np.uint16)
     bits[1, :top, 30:] = 0                   # rows with their own support
-    buf = np.zeros((lanes, 2, lanes), np.uint8)
+    buf, rows = np.zeros((lanes, 2, 2, lanes), np.uint8), np.zeros((lanes, 3), np.int64)   # [row, side, byte plane, lane]
     w, norms, wcols = np.zeros((lanes, lanes), np.float32), np.zeros((2, lanes)), np.zeros((lanes, 2), np.int64)
-    buf[:, 0], buf[:, 1] = bits[0] & 0xFF, bits[0] >> 8
-    mxm_install.install(buf, D_F16, False, lanes, lanes, w, norms, wcols)
-    buf[:top, 0], buf[:top, 1] = bits[1, :top] & 0xFF, bits[1, :top] >> 8
-    mxm_install.install(buf, D_F16, False, lanes, top, w, norms, wcols)
+    buf[:, 0, 0], buf[:, 0, 1] = bits[0] & 0xFF, bits[0] >> 8
+    mxm_install.install(buf, rows, D_F16, False, lanes, lanes, w, norms, wcols)
+    buf[:top, 1, 0], buf[:top, 1, 1] = bits[1, :top] & 0xFF, bits[1, :top] >> 8     # the other side, installed
+    rows[:top, 0] = 1
+    mxm_install.install(buf, rows, D_F16, False, lanes, top, w, norms, wcols)
     want, want_norms, want_cols = np.zeros_like(w), np.zeros_like(norms), np.zeros_like(wcols)
-    mxm_install.install(buf, D_F16, False, lanes, lanes, want, want_norms, want_cols)
+    mxm_install.install(buf, rows, D_F16, False, lanes, lanes, want, want_norms, want_cols)
     assert np.array_equal(w, want) and np.array_equal(norms, want_norms) and np.array_equal(wcols, want_cols)
 
 
