@@ -87,6 +87,15 @@ I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 # ---- number formats ---------------------------------------------------------------------------
+def _f16_bits(builder, args):
+    """The f16 bits lo | hi << 8 of two integer bytes (LLVM i16) and their value as float32, by
+    the CPU's half-to-float conversion (`f16_value`, `f16_finite`)."""
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+    lo16, hi16 = (builder.trunc(builder.zext(a, i32) if a.type.width < 32 else a, i16) for a in args)
+    bits = builder.or_(builder.and_(lo16, i16(0xFF)), builder.shl(hi16, i16(8)))
+    return bits, builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
+
+
 @intrinsic
 def f16_value(typingctx, lo, hi):
     """The f16 number of bits lo | hi << 8 (two unsigned bytes) as a float32, by the CPU's
@@ -97,10 +106,8 @@ def f16_value(typingctx, lo, hi):
         return None
 
     def codegen(context, builder, sig, args):
-        i16, i32 = ir.IntType(16), ir.IntType(32)
-        lo16, hi16 = (builder.trunc(builder.zext(a, i32) if a.type.width < 32 else a, i16) for a in args)
-        bits = builder.or_(builder.and_(lo16, i16(0xFF)), builder.shl(hi16, i16(8)))
-        f = builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
+        i32 = ir.IntType(32)
+        bits, f = _f16_bits(builder, args)
         u = builder.zext(bits, i32)
         nan = builder.icmp_unsigned(">", builder.and_(u, i32(0x7FFF)), i32(0x7C00))
         kept = builder.or_(builder.or_(builder.shl(builder.and_(u, i32(0x8000)), i32(16)), i32(0x7F800000)),
@@ -117,10 +124,7 @@ def f16_finite(typingctx, lo, hi):
         return None
 
     def codegen(context, builder, sig, args):
-        i16, i32 = ir.IntType(16), ir.IntType(32)
-        lo16, hi16 = (builder.trunc(builder.zext(a, i32) if a.type.width < 32 else a, i16) for a in args)
-        bits = builder.or_(builder.and_(lo16, i16(0xFF)), builder.shl(hi16, i16(8)))
-        return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
+        return _f16_bits(builder, args)[1]
     return types.float32(lo, hi), codegen
 
 
