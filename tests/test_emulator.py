@@ -335,6 +335,41 @@ def test_mxm(dtype, trans):
     assert 0 < r.utilization["mxm"] <= 1
 
 
+def test_an_f16_install_keeps_the_rows_an_i8_load_left():
+    """The rows an IW did not load keep what the weight buffer holds: after an f16 install, i8
+    LWs (no conversion) replace only each row's low bytes, so an f16 IW after LWs of the first
+    rows takes the rows above as those i8 bytes under the f16 rows' high bytes (one buffer's
+    bits, which the two sides of mxm_install.lw_exec keep by copying the high bytes)."""
+    top = L // 4
+    b = ProgBuilder(M, ["z = x @ w"])
+    w1 = b.tensor("w1", "weight", "f16", (L, L), [2, 3])
+    w2 = b.tensor("w2", "weight", "i8", (L, L), [2], bank=1)
+    w3 = b.tensor("w3", "weight", "f16", (top, L), [2, 3], bank=1, addr=L)
+    x = b.tensor("x", "input", "f16", (4, L), [4, 5])
+    z = b.tensor("z", "output", "f32", (4, L), [8, 9, 10, 11])
+    t = 19
+    for w, dt, n in ((w1, "f16", L), (w2, "i8", L), (w3, "f16", top)):
+        k = b.diag(t + 1, WEST, 0)
+        b.read_vec(w, 0, WEST, 0, k, n=n)
+        b.at(t + 1, "mxm0.lw0", "LW", 0, ref(dt, WEST, 0))
+        b.raw("mxm0.lw0", "REPEAT", n - 1, 1)
+        t += 1 + n
+        b.at(t, "mxm0", "IW", 1 if dt == "f16" else 0, 0)
+    gap = M.abc_cycles(True, False)
+    b.read_vec(x, 0, WEST, 2, b.diag(t + 1, WEST, 0), n=4, d=gap)
+    b.at(t + 1, "mxm0", "ABC", ref("f16", WEST, 2), 0, 0, 0, line=1)
+    b.raw("mxm0", "REPEAT", 3, gap)
+    ta = t + 1 + LAT["mxm_abc"]
+    b.at(ta, "mxm0.acc", "ACC", 0, ref("f32", EAST, 4), line=1)
+    b.raw("mxm0.acc", "REPEAT", 3, gap)
+    b.write_vec(z, 0, EAST, 4, b.diag(ta + LAT["mxm_acc"], EAST, 0), n=4, d=gap)
+    v = {"w1": rand("f16", (L, L)), "w2": rand("i8", (L, L)), "w3": rand("f16", (top, L)), "x": rand("f16", (4, L))}
+    w = np.concatenate([v["w3"], ((v["w1"][top:].view(np.uint16) & 0xFF00) | v["w2"][top:].view(np.uint8)
+                                  ).astype(np.uint16).view(np.float16)])
+    assert np.isfinite(w).all() and not np.array_equal(w[top:], v["w1"][top:])
+    np.testing.assert_array_equal(run(b.build(), v).outputs["z"], f16_matmul(v["x"], w).astype(np.float32))
+
+
 def test_accumulating_onto_an_unwritten_row_finds_zeros_in_every_run():
     """core.reset clears only the accumulator rows an ABC wrote (core.clear_written): ABCs that
     accumulate onto rows no ABC of the run wrote find zeros when the prepared program runs
