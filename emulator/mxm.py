@@ -29,7 +29,7 @@ from numba import njit
 from lpu.emulator.arith import D_F16, D_I8, wrap32
 from lpu.emulator.blas import dgemm
 from lpu.emulator.core_streams import H_FLUSH
-from lpu.emulator.mxm_direct import DIRECT_ROWS, F64_INF, F64_MAGNITUDE, active_lanes, exact_rows, magnitudes, settle_sums, sums, weight_bounds
+from lpu.emulator.mxm_direct import DIRECT_MIN_LANES, DIRECT_ROWS, F64_INF, F64_MAGNITUDE, active_lanes, exact_rows, magnitudes, settle_sums, sums, weight_bounds
 from lpu.emulator.mxm_install import F16_FRACTION, F16_GRAIN, installed_finite, materialize
 from lpu.emulator.mxm_short import sums_over
 
@@ -338,7 +338,8 @@ def flush(plane, lbuf, lrows, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_
     """Multiply out the plane's pending ABCs and apply them to its accumulators. An install not
     converted yet (wdt[2, plane] != 0: mxm_install.install_lazily) multiplies its first
     DIRECT_ROWS rows of f16 ABCs, untransposed and finite, straight from the buffer's bytes
-    (`direct`); anything else converts it first (mxm_install.materialize). bulk = (work,
+    (`direct`, on machines of DIRECT_MIN_LANES lanes or more); anything else converts it first
+    (mxm_install.materialize). bulk = (work,
     dgemm): a batch of at least `work` multiply-adds (rows times its `support`: a half ABC has
     half the lanes) is one BLAS product (the same bits: docs/accumulation.md), here with the
     BLAS at address `dgemm` (`blas.dgemm_address`; wbuf: float64 scratch [lanes, lanes] for the
@@ -350,6 +351,7 @@ def flush(plane, lbuf, lrows, wts32, wnorm, wcols, wdt, pend_x, pend_meta, pend_
         return True
     x = pend_x[plane]
     if not (wdt[2, plane] != 0 and wdt[3, plane] + n <= DIRECT_ROWS and wdt[1, plane] == 2 * D_F16 and bulk[0] != 0
+            and wbuf.shape[1] >= DIRECT_MIN_LANES
             and direct(plane, x, n, lbuf, lrows, wts32, wnorm, wcols, wdt, ybuf, wbuf, act)):
         materialize(plane, lbuf, lrows, wts32, wnorm, wcols, wdt)
         if bulk[0] == 0:

@@ -23,6 +23,8 @@ from lpu.emulator.mxm_install import ROW_INTEGERS
 F64_INF = 0x7FF0000000000000            # the bits of +inf, and the mask of a float64's magnitude
 F64_MAGNITUDE = 0x7FFFFFFFFFFFFFFF
 DIRECT_ROWS = 2    # ABC rows an install multiplies from its bytes; a batch past them converts it
+DIRECT_MIN_LANES = 8   # machines with fewer lanes convert: `mxm.direct`'s scratch (wbuf's rows n..n+4, eight
+                       # lanes' activations in one row) needs eight
 
 
 @njit(cache=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, note, strategies as st
 
+from lpu.compiler.driver import compile_source
 from lpu.compiler.verify import verify
 from lpu.emulator.run import run
 from lpu.isa.asm import assemble, disassemble
@@ -79,3 +80,22 @@ def test_masks_and_where_match_reference_and_verify(dsl, machine):
     res = check(graph, prog, vals, result)
     assert res["ok"], res
     assert result.cycles == prog.predicted_cycles
+
+
+def test_a_machine_of_four_lanes_runs_a_short_f16_batch():
+    """Found by Hypothesis: a machine narrower than mxm_direct's scratch (wbuf's rows, eight lanes'
+    activations) multiplied an unconverted install from its bytes and failed inside the core; it
+    converts the install (mxm_direct.DIRECT_MIN_LANES)."""
+    machine = MachineConfig.from_dict({
+        "name": "four lanes", "clock_mhz": 900, "superlanes": 1, "lanes_per_superlane": 4,
+        "mem_slices_per_hemisphere": 4, "banks_per_slice": 2, "addresses_per_bank": 4096,
+        "streams_per_direction": 8, "mxm_planes_per_hemisphere": 2, "lw_ports_per_plane": 1, "acc_rows": 64,
+        "f16_pair_cycles": 1, "vxm_alus": 2, "sxm_queues_per_hemisphere": 1, "icu_skew": 0,
+        "latency": {"mem_read": 1, "vxm": 1, "vxm_transcendental": 1, "sxm": 1, "mxm_abc": 1, "mxm_acc": 1},
+        "c2c": {"links": 16, "link_gbytes_per_s": 14, "hop_cycles": 216}})
+    prog, graph = compile_source("input x1 : f16[1, 1]\nweight w3 : f16[1, 1]\noutput y0 = x1 @ w3\n",
+                                 "four_lanes.lpu", {}, machine)
+    vals = values(graph)
+    result = run(prog, vals)
+    assert check(graph, prog, vals, result)["ok"] and result.cycles == prog.predicted_cycles
+
