@@ -331,8 +331,9 @@ def reset(ws):
     """Back to the state of a machine that has run nothing (what a run can observe). Not cleared
     (3 MB on tsp-v1): the converted weights (wts32, wnorm, wcols), none of which counts as
     installed (wdt[2] = lanes: mxm_install.install_lazily); an ABC before a plane's first IW is a
-    dtype hazard; the weight buffer's sides 1 (lrows: every row's side 0 is installed, and an LW
-    writes a row's other side before an IW installs it). Of the accumulators (10 MB) only the rows an ABC wrote (`clear_written`)."""
+    dtype hazard; side 1 of every weight buffer row (lrows: side 0 is installed, and an LW writes
+    a row's other side before an IW installs it). Of the accumulators (10 MB) only the rows an ABC
+    wrote (`clear_written`)."""
     (ring, bank_last, lbuf, lw_dt, _, _, _, wdt, busy, acc_bits, acc_kind, acc_ready, tbuf, _, _, pend_n,
      order, _, _, lrows) = ws
     ring[0].fill(EMPTY_TAG)

@@ -29,7 +29,10 @@ from numba import njit
 from lpu.emulator.arith import D_F16, D_I8, wrap32
 from lpu.emulator.blas import dgemm
 from lpu.emulator.core_streams import H_FLUSH
-from lpu.emulator.mxm_direct import DIRECT_MIN_LANES, DIRECT_ROWS, F64_INF, F64_MAGNITUDE, active_lanes, exact_rows, magnitudes, settle_sums, sums, weight_bounds
+from lpu.emulator.mxm_direct import (
+    DIRECT_MIN_LANES, DIRECT_ROWS, F64_INF, F64_MAGNITUDE, active_lanes, exact_rows, magnitudes, settle_sums, sums,
+    weight_bounds,
+)
 from lpu.emulator.mxm_install import F16_FRACTION, F16_GRAIN, installed_finite, materialize
 from lpu.emulator.mxm_short import sums_over
 

@@ -44,8 +44,10 @@ def lw_exec(a, plane, p, t, ex, lanes, spd, ring, lbuf, lrows, lw_dt, ord_lw, sa
     """LW: a weight buffer row from a stream, into the side of the row that is not installed
     (lbuf[plane, row, side], lrows[plane, row]: the installed side, and per side what the row
     holds as f16 numbers: ROW_INTEGERS i8 values converted (cvt: integers of magnitude <= 128),
-    ROW_NON_FINITE some infinity or NaN, ROW_F16 other values; emulator/mxm_direct.py); inlined into the core's loop (40,000 in bert_base L=1: as a case of
-    core.mxm_exec, its call with ~40 arguments took ~10% of the run)."""
+    ROW_NON_FINITE some infinity or NaN, ROW_F16 other values; emulator/mxm_direct.py, which needs
+    every installed row finite, an unused lane's too: 0 * inf is NaN); inlined into the core's loop
+    (40,000 in bert_base L=1: as a case of core.mxm_exec, its call with ~40 arguments took ~10% of
+    the run)."""
     row, ref, cvt = a[0], a[1], a[2]
     if row < 0 or row >= lanes:
         return operand_error(hz, 0, row)
